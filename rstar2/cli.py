@@ -1,0 +1,154 @@
+"""The `rstar2` command line. User errors exit 2 with one line on stderr, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rstar2.config import ConfigError
+
+EXIT_USER_ERROR = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return EXIT_USER_ERROR
+    from rstar2.data.schema import DataError
+
+    try:
+        code: int = args.handler(args)
+        return code
+    except ConfigError as exc:
+        print(f"rstar2: config error: {exc}", file=sys.stderr)
+    except DataError as exc:
+        print(f"rstar2: data error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("rstar2: interrupted", file=sys.stderr)
+        return 130
+    return EXIT_USER_ERROR
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rstar2", description="Agentic RL with a Python tool: the rStar2-Agent recipe."
+    )
+    sub = parser.add_subparsers(metavar="COMMAND")
+
+    data = sub.add_parser("data", help="prepare prompt data in the rStar2 parquet schema")
+    data_sub = data.add_subparsers(metavar="ACTION")
+    lst = data_sub.add_parser("list", help="list the built-in datasets")
+    lst.set_defaults(handler=_cmd_data_list)
+    prep = data_sub.add_parser("prepare", help="write NAME.parquet for each dataset")
+    prep.add_argument(
+        "--dataset",
+        action="append",
+        required=True,
+        help="built-in name, .jsonl/.json/.parquet path, or hf:ORG/NAME[:CFG][@SPLIT]; repeatable",
+    )
+    prep.add_argument("--out", required=True, type=Path, help="output folder")
+    prep.add_argument(
+        "--decontaminate",
+        action="store_true",
+        help="drop problems that near-duplicate a built-in benchmark problem (8-gram overlap)",
+    )
+    prep.add_argument("--limit", type=_positive_int, help="keep only the first N rows")
+    prep.add_argument("--quiet", action="store_true", help="no progress bars")
+    prep.set_defaults(handler=_cmd_data_prepare)
+
+    cfg = sub.add_parser("config", help="print the resolved config as JSON")
+    _add_config_args(cfg)
+    cfg.set_defaults(handler=_cmd_config)
+
+    reward = sub.add_parser("reward", help="score one response against a ground truth")
+    reward.add_argument("response", help="response text, or @FILE to read it from a file")
+    reward.add_argument("ground_truth", help="the reference answer")
+    reward.add_argument("--timeout-s", type=float, default=3.0, help="verification time bound")
+    reward.set_defaults(handler=_cmd_reward)
+
+    demo = sub.add_parser(
+        "demo",
+        help="the embedded CPU job: resolve the config into a run folder, prepare its data, "
+        "and grade synthetic responses to the eval sets with the reward",
+    )
+    _add_config_args(demo, default_config="configs/toy/cpu.yaml")
+    demo.add_argument("--run-dir", type=Path, help="run folder (default: RUNS_DIR/NAME-TIME)")
+    demo.set_defaults(handler=_cmd_demo)
+    return parser
+
+
+def _add_config_args(p: argparse.ArgumentParser, default_config: str | None = None) -> None:
+    p.add_argument("--config", default=default_config, help="YAML config file")
+    p.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. seed=1"
+    )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return value
+
+
+def _cmd_data_list(args: argparse.Namespace) -> int:
+    from rstar2.data import BUILTIN_DATASETS
+
+    for ds in BUILTIN_DATASETS.values():
+        print(f"{ds.name:<10} {ds.num_rows:>6} rows  {ds.split:<5}  {ds.description}")
+    return 0
+
+
+def _cmd_data_prepare(args: argparse.Namespace) -> int:
+    from rstar2.data import benchmark_decontaminator, prepare_dataset
+
+    decontaminator = benchmark_decontaminator() if args.decontaminate else None
+    for spec in args.dataset:
+        result = prepare_dataset(
+            spec, args.out, decontaminator=decontaminator, limit=args.limit, progress=not args.quiet
+        )
+        dropped = f" ({result.num_contaminated} contaminated dropped)" if decontaminator else ""
+        print(f"{result.name}: {result.num_rows} rows -> {result.path}{dropped}")
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from rstar2.config_io import load_config
+
+    config = load_config(args.config, args.overrides)
+    print(json.dumps(config.model_dump(mode="json"), indent=2))
+    return 0
+
+
+def _cmd_reward(args: argparse.Namespace) -> int:
+    from rstar2.reward import RewardScorer, extract_answer
+
+    text = args.response
+    if text.startswith("@"):
+        path = Path(text[1:])
+        if not path.is_file():
+            print(f"rstar2: no such file: {path}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        text = path.read_text(encoding="utf-8", errors="replace")
+    with RewardScorer(timeout_s=args.timeout_s, num_workers=1) as scorer:
+        value = scorer.score(text, args.ground_truth)
+    print(json.dumps({"extracted": extract_answer(text), "score": value}))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from rstar2.config_io import load_config
+    from rstar2.demo import run_demo
+
+    config = load_config(args.config, args.overrides)  # fails fast, before anything heavy
+    run_demo(config, run_dir=args.run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

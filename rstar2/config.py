@@ -1,0 +1,313 @@
+"""The one typed configuration tree of an rstar2 run.
+
+Guarantees:
+- Every field has a type, a default, bounds where they make sense, and a description; the unit of a
+  quantity is in its name (``*_tokens``, ``*_s``, ``*_mb``, ``*_num_prompts``).
+- The rStar2-Agent key names are kept where they exist (``augmentation.do_down_sampling``,
+  ``augmentation.down_sampling_config.*``), so overrides written for the public port work unchanged.
+- Unknown keys and bad values raise :class:`ConfigError`, whose ``key`` is the full dotted path.
+
+Loading (YAML file plus dotted ``key=value`` overrides) lives in :mod:`rstar2.config_io`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ConfigError(ValueError):
+    """A user error in a config file or override; ``key`` is the dotted path it concerns."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}" if key else message)
+        self.key = key
+        self.message = message
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field(
+        "Qwen/Qwen3-14B",
+        description="HF model id or local folder of the policy's initial weights.",
+    )
+    tokenizer_path: str | None = Field(
+        None, description="Tokenizer id or folder; None means the model's own."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "bfloat16", description="Parameter dtype of the learner and engines (float32 on CPU)."
+    )
+    trust_remote_code: bool = Field(False, description="Allow model code from the model folder.")
+
+
+class DataConfig(_Section):
+    train_datasets: list[str] = Field(
+        default_factory=lambda: ["dapo17k"],
+        description="Training prompt sources: built-in names (see `rstar2 data list`), "
+        "local .jsonl/.parquet files, or `hf:ORG/NAME[:CONFIG][@SPLIT]` hub ids.",
+    )
+    eval_datasets: list[str] = Field(
+        default_factory=lambda: ["aime24", "aime25"],
+        description="Evaluation sources, same forms as train_datasets.",
+    )
+    rollout_batch_num_prompts: int = Field(
+        512, ge=1, description="Distinct prompts sampled per RL step (before oversampling)."
+    )
+    max_prompt_tokens: int = Field(
+        2048, ge=16, description="Prompts longer than this (after templating) are dropped."
+    )
+    shuffle: bool = Field(True, description="Shuffle training prompts each epoch (seeded).")
+    decontaminate: bool = Field(
+        True,
+        description="Drop training problems sharing a word 8-gram with any built-in benchmark.",
+    )
+
+
+class RolloutConfig(_Section):
+    num_samples_per_prompt: int = Field(
+        32, ge=1, description="Rollouts generated per prompt (the oversampled 2G of GRPO-RoC)."
+    )
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature during training.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    num_engines: int = Field(1, ge=1, description="vLLM engines serving rollouts.")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per vLLM engine.")
+    gpu_memory_utilization: float = Field(
+        0.8, gt=0.0, le=1.0, description="Fraction of accelerator memory vLLM may use."
+    )
+    kv_cache_space_gb: float = Field(
+        1.0, gt=0.0, description="KV-cache size per engine on CPU (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    enforce_eager: bool = Field(
+        False, description="Disable CUDA graphs / torch.compile in the engines (CPU: true)."
+    )
+
+
+class AgentConfig(_Section):
+    tool_name: str = Field(
+        "python_code_with_standard_io", description="Name of the Python tool in the tool schema."
+    )
+    max_parallel_tool_calls: int = Field(
+        4, ge=1, description="Tool calls served per assistant turn; extra calls get an error."
+    )
+    tool_response_max_chars: int = Field(
+        256, ge=16, description="Tool output longer than this is truncated (characters)."
+    )
+    tool_response_truncate_side: Literal["left", "middle", "right"] = Field(
+        "middle", description="Which part of an over-long tool output is cut."
+    )
+
+
+class SandboxConfig(_Section):
+    mode: Literal["embedded", "http"] = Field(
+        "embedded",
+        description="Run tool code in-process (embedded pool) or via a sandbox-pool URL.",
+    )
+    url: str | None = Field(None, description="sandbox-pool server URL when mode is http.")
+    num_workers: int = Field(
+        0, ge=0, description="Warm executors of the embedded pool; 0 means one per CPU core."
+    )
+    max_execution_time_s: float = Field(
+        4.0, gt=0.0, description="Wall-clock limit of one tool call (the port uses 4 s)."
+    )
+    max_memory_mb: int = Field(1024, ge=64, description="Address-space cap of one tool call.")
+    max_output_chars: int = Field(
+        65536, ge=256, description="stdout/stderr captured per call before cutting."
+    )
+
+    @model_validator(mode="after")
+    def _url_for_http(self) -> SandboxConfig:
+        if self.mode == "http" and not self.url:
+            raise ValueError("sandbox.url is required when sandbox.mode is 'http'")
+        return self
+
+
+class RewardConfig(_Section):
+    timeout_s: float = Field(
+        3.0, gt=0.0, description="Hard bound on one answer verification; past it the score is 0."
+    )
+    num_workers: int = Field(
+        0, ge=0, description="Verification worker processes; 0 means min(4, CPU cores)."
+    )
+    cache_size: int = Field(
+        65536, ge=0, description="LRU entries keyed on (extracted answer, ground truth)."
+    )
+
+
+class DownSamplingConfig(_Section):
+    """The rStar2 `augmentation.down_sampling_config` block, plus `selection`."""
+
+    down_sample_to_n: int = Field(
+        16, ge=1, description="Traces kept per prompt group (G) after RoC down-sampling."
+    )
+    reject_equal_reward: bool = Field(
+        True, description="Drop groups whose rewards are all equal (no learning signal)."
+    )
+    roc_error_ratio: bool = Field(
+        True, description="Penalise positives by their tool-error ratio (p_err)."
+    )
+    roc_answer_format: bool = Field(
+        True, description="Penalise positives by their answer-format violations (p_format)."
+    )
+    min_zero_reward_trace_num: int = Field(
+        2, ge=0, description="Minimum negative traces kept in a group when it has them."
+    )
+    min_non_zero_reward_trace_num: int = Field(
+        2, ge=0, description="Minimum positive traces kept in a group when it has them."
+    )
+    selection: Literal["reference", "paper"] = Field(
+        "reference",
+        description="'reference': the released deterministic choice; 'paper': the report's "
+        "probabilistic one (positives sampled with weight 1/(penalty + epsilon)).",
+    )
+    penalty_epsilon: float = Field(
+        1e-3, gt=0.0, description="The epsilon of the paper selection's 1/(penalty + epsilon)."
+    )
+
+    @model_validator(mode="after")
+    def _minimums_fit(self) -> DownSamplingConfig:
+        total = self.min_zero_reward_trace_num + self.min_non_zero_reward_trace_num
+        if total > self.down_sample_to_n:
+            raise ValueError(
+                "min_zero_reward_trace_num + min_non_zero_reward_trace_num "
+                f"({total}) exceeds down_sample_to_n ({self.down_sample_to_n})"
+            )
+        return self
+
+
+class AugmentationConfig(_Section):
+    do_down_sampling: bool = Field(True, description="Apply GRPO-RoC down-sampling (2G -> G).")
+    down_sampling_config: DownSamplingConfig = Field(
+        default_factory=DownSamplingConfig, description="RoC parameters (rStar2 key names)."
+    )
+
+
+class AlgorithmConfig(_Section):
+    clip_ratio_low: float = Field(0.2, ge=0.0, description="PPO clip epsilon below 1.")
+    clip_ratio_high: float = Field(0.28, ge=0.0, description="PPO clip epsilon above 1.")
+    dual_clip_c: float = Field(
+        3.0, gt=1.0, description="Dual-clip bound for negative advantages (c > 1)."
+    )
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = Field(
+        "token-mean", description="How per-token losses are reduced to one scalar."
+    )
+    norm_adv_by_std: bool = Field(
+        True, description="Divide group-centred rewards by the group std (GRPO); false = Dr. GRPO."
+    )
+    kl_coef: float = Field(0.0, ge=0.0, description="KL-to-reference loss weight (0: off).")
+    entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus weight (0: off).")
+
+
+class OptimConfig(_Section):
+    lr: float = Field(1e-6, gt=0.0, description="AdamW peak learning rate.")
+    warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps from 0 to lr.")
+    weight_decay: float = Field(0.01, ge=0.0, description="AdamW decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    grad_clip_norm: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
+
+
+class LearnerConfig(_Section):
+    backend: Literal["torch", "megatron"] = Field(
+        "torch", description="torch (FSDP2 on HF models) or megatron (megatron-core TP/PP)."
+    )
+    micro_batch_tokens_per_gpu: int = Field(
+        16384, ge=64, description="Packed tokens per forward/backward micro-batch per GPU."
+    )
+    activation_checkpointing: bool = Field(True, description="Recompute activations in backward.")
+    tensor_parallel_size: int = Field(1, ge=1, description="Megatron tensor parallel degree.")
+    pipeline_parallel_size: int = Field(1, ge=1, description="Megatron pipeline parallel degree.")
+    weight_sync_bucket_mb: int = Field(
+        512, ge=1, description="Upper bound of one weight-sync bucket sent to the engines."
+    )
+
+
+class SchedulerConfig(_Section):
+    policy: Literal["round_robin", "least_requests", "sticky", "kv_capacity", "kv_affinity"] = (
+        Field("kv_affinity", description="How generation turns are placed on engines.")
+    )
+
+
+class StageConfig(_Section):
+    name: str = Field(..., description="Stage label used in metrics and checkpoints.")
+    num_steps: int = Field(..., ge=1, description="RL steps (optimizer updates) in this stage.")
+    max_response_tokens: int = Field(
+        ..., ge=16, description="Token budget of one trajectory's response (all turns)."
+    )
+    max_turns: int = Field(..., ge=1, description="Assistant turns allowed per trajectory.")
+    data_filter: Literal["all", "hard_subset"] = Field(
+        "all",
+        description="'hard_subset': keep only problems the stage-start policy does not solve "
+        "hard_subset_num_samples out of hard_subset_num_samples.",
+    )
+    hard_subset_num_samples: int = Field(
+        8, ge=1, description="Samples per problem when building the hard subset."
+    )
+    reset_optimizer: bool = Field(False, description="Fresh optimizer state at stage start.")
+    reset_reference: bool = Field(False, description="reference <- policy at stage start.")
+
+
+class EvalConfig(_Section):
+    every_steps: int = Field(50, ge=0, description="Evaluate every N RL steps (0: only at end).")
+    num_samples: int = Field(16, ge=1, description="Samples per problem (avg@n).")
+    temperature: float = Field(0.6, ge=0.0, description="Sampling temperature for eval.")
+    max_response_tokens: int = Field(30720, ge=16, description="Token budget per eval response.")
+    max_turns: int = Field(30, ge=1, description="Assistant turns per eval trajectory.")
+
+
+class CheckpointConfig(_Section):
+    every_steps: int = Field(20, ge=0, description="Checkpoint every N RL steps (0: only at end).")
+    keep_last: int = Field(3, ge=1, description="Checkpoints kept on disk; older ones are deleted.")
+
+
+class ClusterConfig(_Section):
+    accelerator: Literal["cpu", "cuda", "rocm"] = Field(
+        "cuda", description="Device family of the nodes."
+    )
+    num_nodes: int = Field(1, ge=1, description="Nodes in the job.")
+    gpus_per_node: int = Field(8, ge=0, description="Accelerators per node (0 on CPU).")
+
+
+class LoggingConfig(_Section):
+    tensorboard: bool = Field(False, description="Also write TensorBoard event files.")
+    wandb_project: str | None = Field(None, description="Weights & Biases project; None: off.")
+
+
+class Config(_Section):
+    """Root of the tree. ``rstar2 config show`` prints the resolved form."""
+
+    name: str = Field(
+        "rstar2", pattern=r"^[A-Za-z0-9._-]+$", description="Run name; the run folder's prefix."
+    )
+    runs_dir: str = Field("runs", description="Folder holding one sub-folder per run.")
+    seed: int = Field(0, ge=0, description="Seed for data order, sampling and RoC selection.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompt data.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout engines.")
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="Multi-turn tool loop.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Tool execution.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="0/1 math reward.")
+    augmentation: AugmentationConfig = Field(
+        default_factory=AugmentationConfig, description="GRPO-RoC down-sampling (rStar2 names)."
+    )
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Loss.")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer.")
+    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner backend.")
+    scheduler: SchedulerConfig = Field(
+        default_factory=SchedulerConfig, description="Rollout placement."
+    )
+    stages: list[StageConfig] = Field(
+        default_factory=lambda: [
+            StageConfig(name="stage1", num_steps=300, max_response_tokens=8192, max_turns=10)
+        ],
+        min_length=1,
+        description="RL stages, run in order.",
+    )
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Periodic evaluation.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpointing."
+    )
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Hardware.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric sinks.")

@@ -1,0 +1,1 @@
+"""sandbox_pool: isolated, warm, millisecond Python tool execution (embedded, HTTP, Redis)."""

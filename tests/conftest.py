@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m rstar2.cli ARGS` in a subprocess, the way a user runs `rstar2`."""
+    return subprocess.run(
+        [sys.executable, "-m", "rstar2.cli", *args],
+        cwd=cwd or REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def scorer():
+    from rstar2.reward import RewardScorer
+
+    with RewardScorer(timeout_s=3.0, num_workers=2) as s:
+        yield s

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import BaseModel
+
+from rstar2.config import Config, ConfigError
+from rstar2.config_io import load_config, write_resolved_config
+from tests.conftest import REPO, run_cli
+
+PAPER = REPO / "configs" / "rstar2_14b_mi300x.yaml"
+TOY = REPO / "configs" / "toy" / "cpu.yaml"
+
+
+def _walk(model: type[BaseModel], prefix: str = ""):
+    for name, field in model.model_fields.items():
+        yield f"{prefix}{name}", field
+        ann = field.annotation
+        inner = getattr(ann, "__args__", (ann,))
+        for tp in inner:
+            if isinstance(tp, type) and issubclass(tp, BaseModel):
+                yield from _walk(tp, f"{prefix}{name}.")
+
+
+def test_every_field_is_documented():
+    undocumented = [key for key, field in _walk(Config) if not field.description]
+    assert undocumented == []
+
+
+def test_paper_recipe_values():
+    cfg = load_config(PAPER)
+    assert cfg.model.path == "Qwen/Qwen3-14B"
+    assert cfg.data.rollout_batch_num_prompts == 512
+    assert cfg.rollout.num_samples_per_prompt == 32
+    assert cfg.augmentation.do_down_sampling
+    assert cfg.augmentation.down_sampling_config.down_sample_to_n == 16
+    assert [s.max_response_tokens for s in cfg.stages] == [8192, 12288, 12288]
+    assert [s.max_turns for s in cfg.stages] == [10, 10, 15]
+    assert sum(s.num_steps for s in cfg.stages) == 510
+    assert cfg.stages[2].data_filter == "hard_subset" and cfg.stages[2].reset_optimizer
+    assert cfg.optim.lr == pytest.approx(1e-6) and cfg.optim.warmup_steps == 20
+    assert (cfg.algorithm.clip_ratio_low, cfg.algorithm.clip_ratio_high) == (0.2, 0.28)
+    assert cfg.cluster.accelerator == "rocm"
+    assert cfg.cluster.num_nodes * cfg.cluster.gpus_per_node == 64
+
+
+def test_toy_preset_is_cpu():
+    cfg = load_config(TOY)
+    assert cfg.cluster.accelerator == "cpu" and cfg.model.dtype == "float32"
+
+
+def test_rstar2_override_names():
+    cfg = load_config(
+        PAPER,
+        [
+            "augmentation.do_down_sampling=false",
+            "augmentation.down_sampling_config.down_sample_to_n=8",
+            "augmentation.down_sampling_config.reject_equal_reward=False",
+            "optim.lr=1e-5",
+            "stages.2.max_turns=20",
+            "data.eval_datasets=[math500, aime24]",
+            "model.path=123",
+            "sandbox.url=null",
+            "sandbox.mode=embedded",
+        ],
+    )
+    ds = cfg.augmentation.down_sampling_config
+    assert cfg.augmentation.do_down_sampling is False
+    assert ds.down_sample_to_n == 8 and ds.reject_equal_reward is False
+    assert cfg.optim.lr == pytest.approx(1e-5)
+    assert cfg.stages[2].max_turns == 20
+    assert cfg.data.eval_datasets == ["math500", "aime24"]
+    assert cfg.model.path == "123"  # str fields keep the text as written
+    assert cfg.sandbox.url is None
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("no.such.key=1", "no.such.key"),
+        (
+            "augmentation.down_sampling_config.down_sample_to_n=abc",
+            "augmentation.down_sampling_config.down_sample_to_n",
+        ),
+        ("augmentation.down_sampling_config.nope=1", "augmentation.down_sampling_config.nope"),
+        ("optim.lr=-1", "optim.lr"),
+        ("scheduler.policy=fastest", "scheduler.policy"),
+        ("stages.7.max_turns=3", "stages.7.max_turns"),
+        ("seed", "seed"),
+    ],
+)
+def test_bad_override_names_the_key(override, key):
+    with pytest.raises(ConfigError) as info:
+        load_config(PAPER, [override])
+    assert info.value.key == key
+
+
+def test_cross_field_rule_names_the_section():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["augmentation.down_sampling_config.min_zero_reward_trace_num=15"])
+    assert info.value.key == "augmentation.down_sampling_config"
+    assert "min_zero_reward_trace_num" in str(info.value)
+
+
+def test_unknown_key_in_yaml_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("augmentation:\n  down_sampling_config:\n    down_sample_to: 4\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == "augmentation.down_sampling_config.down_sample_to"
+
+
+def test_broken_yaml_is_a_config_error(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: [1, 2\n")
+    with pytest.raises(ConfigError):
+        load_config(path)
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(PAPER, ["seed=7"])
+    out = write_resolved_config(cfg, tmp_path / "run")
+    assert Config.model_validate(json.loads(out.read_text())) == cfg
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("no.such.key=1", "no.such.key"),
+        (
+            "augmentation.down_sampling_config.down_sample_to_n=abc",
+            "augmentation.down_sampling_config.down_sample_to_n",
+        ),
+    ],
+)
+def test_cli_exits_2_with_one_line(tmp_path, override, key):
+    proc = run_cli("demo", "--config", str(TOY), "--run-dir", str(tmp_path / "r"), override)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and key in lines[0], proc.stderr
+    assert not (tmp_path / "r").exists()  # nothing started before the config was valid
+
+
+def test_demo_writes_resolved_config_and_data(tmp_path):
+    run = tmp_path / "run"
+    proc = run_cli("demo", "--config", str(TOY), "--run-dir", str(run), "seed=3")
+    assert proc.returncode == 0, proc.stderr
+    resolved = json.loads((run / "config.json").read_text())
+    assert resolved["seed"] == 3 and resolved["name"] == "toy-cpu"
+    assert (run / "data" / "train" / "math500.parquet").is_file()
+    report = json.loads((run / "reward_demo.json").read_text())
+    assert report[0]["correct_respelled_scored_1"] == report[0]["num_problems"] == 30
+    assert report[0]["wrong_scored_0"] == 30
+    again = run_cli("demo", "--config", str(TOY), "--run-dir", str(run))
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+
+
+def test_console_scripts_are_declared():
+    from importlib.metadata import entry_points
+
+    names = {ep.name for ep in entry_points(group="console_scripts")}
+    assert {"rstar2", "sandbox-pool"} <= names

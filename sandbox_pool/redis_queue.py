@@ -1,0 +1,250 @@
+"""Redis multi-node mode: API nodes enqueue calls into a Redis Stream, workers on any node run them.
+
+Keys (prefix ``sandbox:``): the stream ``calls`` with consumer group ``workers``; per API node a
+result list ``results:<node>``; per call a marker ``done:<call>``; per worker a heartbeat
+``worker:<name>``.
+
+Guarantees:
+- At-least-once execution, exactly one result per call: a worker publishes a result only if it
+  is the first to set ``done:<call>`` (SET NX, in one Lua script with the publish), then acks.
+- A call whose worker dies is reclaimed (XAUTOCLAIM) by another worker once it has been pending
+  longer than the visibility timeout, and re-run.
+- Results and markers expire (``result_ttl_s``); workers heartbeat every second into a key that
+  expires, and :meth:`RedisDispatcher.status` lists the live ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from sandbox_pool.pool import SandboxPool
+from sandbox_pool.protocol import ExecRequest, ExecResult
+
+PREFIX = "sandbox:"
+STREAM = PREFIX + "calls"
+GROUP = "workers"
+
+# KEYS: done marker, result list, stream. ARGV: payload ('' = nothing to publish), ttl seconds,
+# group, entry id. Publishes at most once per call, then acks and deletes the entry: one atomic
+# step, so a worker dying half-way can neither publish twice nor leave an orphaned entry.
+_SETTLE = """
+local published = 0
+if ARGV[1] ~= '' and redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[2]) then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  published = 1
+end
+redis.call('XACK', KEYS[3], ARGV[3], ARGV[4])
+redis.call('XDEL', KEYS[3], ARGV[4])
+return published
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RedisConfig:
+    url: str
+    visibility_timeout_s: float = 30.0  # a call pending this long is reclaimed by another worker
+    result_ttl_s: int = 600
+    max_wait_s: float = 600.0  # an API node gives up on a call after this long
+    heartbeat_s: float = 1.0
+
+
+def _connect(url: str, max_connections: int = 32) -> aioredis.Redis:
+    """A client whose callers wait for a free connection instead of failing past the cap."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, decode_responses=True
+    )
+    return aioredis.Redis(connection_pool=pool)
+
+
+async def _ensure_group(client: aioredis.Redis) -> None:
+    with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists
+        await client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+
+
+class RedisDispatcher:
+    """API-node executor: enqueue each call, await its result from this node's result list."""
+
+    def __init__(self, config: RedisConfig) -> None:
+        self.config = config
+        self.node = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._client = _connect(config.url)
+        self._waiters: dict[str, asyncio.Future[ExecResult]] = {}
+        self._listener: asyncio.Task[None] | None = None
+        self._workers: list[str] = []
+        self._status_task: asyncio.Task[None] | None = None
+        self.results_received = 0  # every result message, duplicates included (there are none)
+
+    async def start(self) -> None:
+        await self._client.ping()
+        await _ensure_group(self._client)
+        self._listener = asyncio.create_task(self._listen())
+        self._status_task = asyncio.create_task(self._refresh_workers())
+
+    async def close(self) -> None:
+        for task in (self._listener, self._status_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self._client.aclose()
+
+    async def execute(self, request: ExecRequest) -> ExecResult:
+        call_id = uuid.uuid4().hex
+        future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
+        self._waiters[call_id] = future
+        payload = {
+            "id": call_id,
+            "node": self.node,
+            "code": request.code,
+            "stdin": request.stdin,
+            "timeout_s": request.timeout_s,
+            "memory_mb": request.memory_mb,
+        }
+        try:
+            await self._client.xadd(STREAM, {"call": json.dumps(payload)})
+            return await asyncio.wait_for(future, self.config.max_wait_s)
+        except TimeoutError:
+            return ExecResult(status="internal_error", stderr="no worker answered in time")
+        finally:
+            self._waiters.pop(call_id, None)
+
+    def status(self) -> dict[str, Any]:
+        return {"num_workers": len(self._workers), "workers": self._workers, "queued": 0}
+
+    async def _listen(self) -> None:
+        key = PREFIX + "results:" + self.node
+        conn = _connect(self.config.url, max_connections=1)
+        try:
+            while True:
+                item = await conn.blpop([key], timeout=1)
+                if item is None:
+                    continue
+                msg = json.loads(item[1])
+                self.results_received += 1
+                future = self._waiters.get(msg.pop("id"))
+                if future is not None and not future.done():
+                    future.set_result(ExecResult.from_json(msg))
+        finally:
+            await conn.aclose()
+
+    async def _refresh_workers(self) -> None:
+        while True:
+            names = [k async for k in self._client.scan_iter(match=PREFIX + "worker:*")]
+            self._workers = sorted(n.removeprefix(PREFIX + "worker:") for n in names)
+            await asyncio.sleep(self.config.heartbeat_s)
+
+
+class RedisWorker:
+    """Runs calls from the stream on a local :class:`SandboxPool` until stopped."""
+
+    def __init__(self, config: RedisConfig, pool: SandboxPool, name: str | None = None) -> None:
+        self.config = config
+        self.pool = pool
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self._client = _connect(config.url)
+        self._settle = self._client.register_script(_SETTLE)
+        self._capacity = pool.num_workers * 2  # calls held at once: running + about to run
+        self._slots = asyncio.Semaphore(self._capacity)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
+        self.processed = 0
+
+    async def run(self) -> None:
+        """Consume until :meth:`stop`; finishes the calls it holds before returning."""
+        await _ensure_group(self._client)
+        loops = [self._consume(), self._reclaim(), self._heartbeat()]
+        tasks = [asyncio.create_task(c) for c in loops]
+        await self._stopping.wait()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._client.delete(PREFIX + "worker:" + self.name)
+        await self._client.aclose()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _consume(self) -> None:
+        while True:
+            await self._slots.acquire()  # wait for a free slot, then read as many as are free
+            self._slots.release()
+            free = max(1, self._capacity - len(self._tasks))
+            reply: Any = await self._client.xreadgroup(  # RESP2: [[stream, messages]]
+                GROUP, self.name, {STREAM: ">"}, count=free, block=1000
+            )
+            for _stream, messages in reply or []:
+                for msg_id, fields in messages:
+                    await self._start(msg_id, fields)
+
+    async def _reclaim(self) -> None:
+        idle_ms = int(self.config.visibility_timeout_s * 1000)
+        while True:
+            await asyncio.sleep(self.config.visibility_timeout_s / 4)
+            start = "0-0"
+            while True:
+                reply: list[Any] = await self._client.xautoclaim(
+                    STREAM, GROUP, self.name, min_idle_time=idle_ms, start_id=start, count=64
+                )
+                start, messages = str(reply[0]), list(reply[1])
+                for msg_id, fields in messages:
+                    if fields:  # deleted entries come back empty
+                        await self._start(msg_id, fields)
+                if start == "0-0" or not messages:
+                    break
+
+    async def _heartbeat(self) -> None:
+        key = PREFIX + "worker:" + self.name
+        ttl = max(2, int(self.config.heartbeat_s * 5))
+        while True:
+            info = {
+                "in_flight": self.pool.in_flight,
+                "processed": self.processed,
+                "time": time.time(),
+            }
+            await self._client.set(key, json.dumps(info), ex=ttl)
+            await asyncio.sleep(self.config.heartbeat_s)
+
+    async def _start(self, msg_id: str, fields: dict[str, str]) -> None:
+        await self._slots.acquire()
+        task = asyncio.create_task(self._handle(msg_id, fields))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, msg_id: str, fields: dict[str, str]) -> None:
+        try:
+            call = json.loads(fields["call"])
+            done_key = PREFIX + "done:" + call["id"]
+            payload = ""
+            if not await self._client.exists(done_key):  # skip work already answered
+                result = await self.pool.execute(
+                    ExecRequest(
+                        code=call["code"],
+                        stdin=call.get("stdin") or "",
+                        timeout_s=call.get("timeout_s"),
+                        memory_mb=call.get("memory_mb"),
+                    )
+                )
+                payload = json.dumps({"id": call["id"], **result.to_json()})
+            result_key = PREFIX + "results:" + call["node"]
+            await self._settle(
+                keys=[done_key, result_key, STREAM],
+                args=[payload, self.config.result_ttl_s, GROUP, msg_id],
+            )
+            self.processed += 1
+        finally:
+            self._slots.release()

@@ -1,0 +1,353 @@
+"""The zygote: a warm process that pre-forks isolated children ahead of demand, and reaps them.
+
+Started by :class:`sandbox_pool.pool.SandboxPool` as ``python -m sandbox_pool.zygote CONFIG_JSON``
+with a scrubbed environment and one end of a SOCK_SEQPACKET socket pair. It imports the
+configured modules once (BLAS thread counts set to 1 first), then keeps ``num_children`` children
+outstanding: each is forked, isolated, and handed to the pool as one message ``{pid, uid}`` with
+two descriptors (the pipe the call is written to, the pipe its result comes back on). A child
+writes ``{"ready": true}`` on its result pipe once it is isolated; the pool only hands
+calls to ready children and talks to them directly, so neither a fork, a child's preparation nor
+this process is on a call's latency path.
+
+Messages from the pool: ``{"op": "release", "pid": P}`` once the pool has SIGKILLed child P's
+process group (the zygote reaps it, deletes its temp dir, frees its uid, and forks a
+replacement), and ``{"op": "shutdown"}``. EOF on the socket also means shutdown.
+
+Each child is one process, PID 1 of its own PID namespace (so when it dies the kernel kills
+everything it started) with its own mount namespace; all children share one empty network
+namespace that the zygote enters at start. The zygote keeps a copy of each child's result pipe:
+if a child dies without writing a result, the zygote writes ``{"died": code}`` (128 + signal
+number when killed) so the pool always learns how the call ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox_pool import isolation, runner
+from sandbox_pool.protocol import FrameReader, encode_frame
+
+BLAS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+_READ_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZygoteConfig:
+    num_children: int = 3  # children outstanding at the pool (ready + busy) after a refill
+    low_watermark: int = 1  # refill (and reap released children) when outstanding <= this
+    preload: tuple[str, ...] = ()
+    root_dir: str | None = None
+    uid_base: int | None = None  # None: no uid drop (nor when not running as root)
+    max_processes: int = 16
+    max_file_mb: int = 16
+    max_open_files: int = 64
+    tmp_size_mb: int = 1024
+
+    @classmethod
+    def from_json(cls, text: str) -> ZygoteConfig:
+        data = json.loads(text)
+        data["preload"] = tuple(data.get("preload", ()))
+        return cls(**data)
+
+
+@dataclass
+class Child:
+    pid: int
+    uid: int | None
+    workdir: str
+    res_w: int  # the zygote's copy: for the "died" report, closed once the child is reaped
+
+
+class Zygote:
+    def __init__(self, cfg: ZygoteConfig, sock: socket.socket) -> None:
+        self.cfg = cfg
+        self.sock = sock
+        self.use_uids = cfg.uid_base is not None and isolation.is_root()
+        self.free_uids: deque[int] = deque()
+        if cfg.uid_base is not None and self.use_uids:
+            self.free_uids.extend(range(cfg.uid_base, cfg.uid_base + 2 * cfg.num_children + 8))
+        plan = isolation.python_visibility_plan() if self.use_uids else []
+        calls_dir, self.notes = isolation.enter_shared_namespaces(plan, cfg.tmp_size_mb)
+        self.shared_tmp = calls_dir is not None
+        self.root_dir = calls_dir or cfg.root_dir or tempfile.mkdtemp(prefix="sandbox-pool-")
+        for note in self.notes:
+            print(f"sandbox-pool zygote: isolation note: {note}", file=sys.stderr)
+        isolation.scrub_environment("/tmp" if self.shared_tmp else self.root_dir)
+        self.outstanding: dict[int, Child] = {}  # handed to the pool, not released yet
+        self.dying: dict[int, Child] = {}  # released (killed by the pool), not reaped yet
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)  # SIGCHLD wakes the loop up to reap
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def serve(self) -> None:
+        isolation.become_subreaper()
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ)
+        sel.register(self.wake_r, selectors.EVENT_READ)
+        while True:
+            low = len(self.outstanding) <= self.cfg.low_watermark
+            if low and not self._refill():
+                return
+            for key, _ in sel.select():
+                if key.fileobj is self.sock and not self._on_message():
+                    return
+                if key.fileobj == self.wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.wake_r, 4096)
+            self._reap()
+
+    def _refill(self) -> bool:
+        """Fork replacements in one batch; False if the pool left.
+
+        Batching keeps forks off most calls' way: between batches the pool serves calls from
+        ready children while the zygote sleeps.
+        """
+        for pid in self.dying:  # the pool kills them; this only covers a pool that could not
+            _kill(pid)
+        while len(self.outstanding) < self.cfg.num_children and self._uid_available():
+            try:
+                self._hand_out(self._fork_child())
+            except OSError:  # the pool is gone
+                return False
+        return True
+
+    def _on_message(self) -> bool:
+        """Handle one message from the pool; False means shut down."""
+        try:
+            data = self.sock.recv(4096)
+        except BlockingIOError:
+            return True
+        except OSError:  # the pool went away
+            return False
+        if not data:
+            return False
+        msg = json.loads(data)
+        if msg.get("op") == "shutdown":
+            return False
+        if msg.get("op") == "release":
+            child = self.outstanding.pop(int(msg["pid"]), None)
+            if child is not None and child.res_w < 0:  # already reaped (it died on its own)
+                self._cleanup(child)
+            elif child is not None:
+                self.dying[child.pid] = child
+        return True
+
+    def _hand_out(self, sent: tuple[Child, list[int]]) -> None:
+        child, fds = sent
+        self.outstanding[child.pid] = child
+        msg = json.dumps({"pid": child.pid, "uid": child.uid}).encode()
+        try:
+            socket.send_fds(self.sock, [msg], fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _uid_available(self) -> bool:
+        return bool(self.free_uids) or not self.use_uids
+
+    def _fork_child(self) -> tuple[Child, list[int]]:
+        uid = self.free_uids.popleft() if self.use_uids else None
+        workdir = tempfile.mkdtemp(dir=self.root_dir, prefix="call-")
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        job_r, job_w = os.pipe()
+        res_r, res_w = os.pipe()
+        pid, _namespaced = isolation.fork_into_namespaces()
+        if pid == 0:
+            _child_main(self.cfg, workdir, uid, job_r, res_w)
+        os.close(job_r)
+        # res_w stays blocking: O_NONBLOCK would be shared with the child's copy. The zygote
+        # only writes a ~20-byte "died" report to it, which never blocks.
+        return Child(pid=pid, uid=uid, workdir=workdir, res_w=res_w), [job_w, res_r]
+
+    def _reap(self) -> None:
+        """Reap every exited descendant (we are their subreaper) and settle its call."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.outstanding.get(pid)
+            if child is not None:  # died while the pool holds it: say how
+                code = os.waitstatus_to_exitcode(status)
+                with contextlib.suppress(OSError):
+                    os.write(child.res_w, encode_frame({"died": 128 - code if code < 0 else code}))
+                os.close(child.res_w)
+                child.res_w = -1
+                continue
+            child = self.dying.pop(pid, None)
+            if child is not None:
+                os.close(child.res_w)
+                self._cleanup(child)
+
+    def _cleanup(self, child: Child) -> None:
+        shutil.rmtree(child.workdir, ignore_errors=True)
+        if child.uid is not None and self.shared_tmp:
+            isolation.purge_files_of(child.uid)
+        if child.uid is not None:
+            self.free_uids.append(child.uid)  # reusable: its PID namespace is gone
+
+    def shutdown(self) -> None:
+        for child in list(self.outstanding.values()):
+            del self.outstanding[child.pid]
+            if child.res_w < 0:
+                self._cleanup(child)
+            else:
+                self.dying[child.pid] = child
+        for pid in self.dying:
+            _kill(pid)
+        deadline = time.monotonic() + 5
+        while self.dying and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.005)
+        shutil.rmtree(self.root_dir, ignore_errors=True)
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a child and its process group (a child forked a moment ago may not have called
+    setsid yet, so it is not a group leader: the group kill alone would miss it)."""
+    for kill in (os.kill, os.killpg):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
+
+
+def _child_main(cfg: ZygoteConfig, workdir: str, uid: int | None, job_r: int, res_w: int) -> None:
+    """In the fresh child: isolate, drop privileges, then serve exactly one call.
+
+    (Pre-faulting the call path here was measured: it makes an idle machine's call ~0.2 ms
+    faster but costs more than that in CPU under load, so children do not warm up.)
+    """
+    signal.set_wakeup_fd(-1)
+    try:
+        isolation.prepare(workdir, keep_fds=(job_r, res_w))
+        static = isolation.StaticLimits(
+            max_processes=cfg.max_processes,
+            max_file_mb=cfg.max_file_mb,
+            max_open_files=cfg.max_open_files,
+        )
+        isolation.drop_privileges(uid, static)
+        base_vm_bytes = isolation.current_vm_bytes()
+        _write_all(res_w, encode_frame({"ready": True}))
+    except BaseException:
+        os._exit(1)
+    _runner_main(job_r, res_w, base_vm_bytes)  # never returns
+
+
+def _runner_main(job_r: int, res_w: int, base_vm_bytes: int) -> None:
+    code = 0
+    try:
+        call = _read_frame(job_r)
+        os.close(job_r)
+        isolation.limit_call(float(call["timeout_s"]), int(call["memory_mb"]), base_vm_bytes)
+        start = time.perf_counter()
+        result = runner.run_code(call["code"], call.get("stdin", ""), int(call["max_output_chars"]))
+        result["duration_s"] = time.perf_counter() - start
+        _append_fd_output(result, int(call["max_output_chars"]))
+        _write_all(res_w, encode_frame(result))
+        while True:  # parked: the pool SIGKILLs the group at idle priority (cheap teardown)
+            signal.pause()
+    except BaseException as exc:
+        code = 1
+        with contextlib.suppress(BaseException):
+            message = f"sandbox child failed: {type(exc).__name__}: {exc}"
+            _write_all(res_w, encode_frame({"status": "internal_error", "stderr": message}))
+    finally:
+        os._exit(code)
+
+
+def _append_fd_output(result: dict[str, Any], cap: int) -> None:
+    """Output written straight to fd 1/2 (C code, subprocesses) lands in a file: add it."""
+    room = max(cap - len(result["stdout"]), 0)
+    try:
+        if os.fstat(1).st_size == 0:
+            return
+        with open(".fd_output", "rb") as fh:
+            extra = fh.read(room + 1).decode("utf-8", "replace")
+    except OSError:
+        return
+    if len(extra) > room:
+        result["status"] = "output_limit"
+        extra = extra[:room]
+    result["stdout"] += extra
+
+
+def _read_frame(fd: int) -> Any:
+    reader = FrameReader()
+    while True:
+        data = os.read(fd, _READ_CHUNK)
+        if not data:
+            raise EOFError("the pool closed the call pipe")
+        frames = reader.feed(data)
+        if frames:
+            return frames[0]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _preload(modules: tuple[str, ...]) -> None:
+    for var in BLAS_ENV:
+        os.environ[var] = "1"
+    for name in modules:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
+def main() -> None:
+    cfg = ZygoteConfig.from_json(sys.argv[1])
+    sock = socket.socket(fileno=int(sys.argv[2]))
+    # Nothing an imported module prints may reach a child's stdio: stdin from /dev/null,
+    # stdout to stderr.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    isolation.set_parent_death_signal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    _preload(cfg.preload)
+    # Forking and preparing children is background work: it yields the CPU to running calls.
+    # The pool raises a child to normal priority when it hands it a call.
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    gc.freeze()  # children never scan (and so never copy) what the zygote allocated
+    zygote = Zygote(cfg, sock)
+    try:
+        zygote.serve()
+    finally:
+        zygote.shutdown()
+
+
+def recv_child(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """Pool side: receive one child's message and descriptors; None at EOF."""
+    msg, fds, _flags, _addr = socket.recv_fds(sock, 4096, 2)
+    if not msg:
+        for fd in fds:
+            os.close(fd)
+        return None
+    data: dict[str, Any] = json.loads(msg)
+    return data, list(fds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The embedded pool, one test per isolation promise (see sandbox_pool's module docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox_pool import ExecRequest, Limits, PoolBusy, PoolClosed, PoolConfig, SandboxPool
+from sandbox_pool.images import image_for
+
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="uid/namespace isolation needs root")
+
+
+@pytest.fixture
+async def pool():
+    cfg = PoolConfig(num_workers=2, limits=Limits(timeout_s=2.0, memory_mb=256))
+    async with SandboxPool(cfg) as p:
+        yield p
+
+
+async def _still_serves(p: SandboxPool) -> None:
+    start = time.perf_counter()
+    result = await p.run("print(6 * 7)")
+    assert result.stdout == "42\n", result
+    assert time.perf_counter() - start < 1.0
+
+
+async def test_basic_call_and_ipython_style(pool):
+    r = await pool.run("import math\nmath.factorial(5)")
+    assert (r.status, r.stdout, r.exit_code) == ("ok", "120\n", 0)
+    r = await pool.run("print(input()[::-1])", stdin="abc")
+    assert r.stdout == "cba\n"
+
+
+async def test_heavy_image_has_sympy(pool):
+    code = "import sympy as sp\nx = sp.symbols('x')\nsp.solve(x**2 - 4, x)"
+    assert image_for(code) == "heavy"
+    r = await pool.run(code)
+    assert r.status == "ok" and r.stdout == "[-2, 2]\n"
+
+
+async def test_loop_is_killed_at_the_timeout(pool):
+    start = time.perf_counter()
+    r = await pool.run("while True:\n    pass", timeout_s=0.5)
+    assert r.status == "timeout"
+    assert time.perf_counter() - start < 2.0
+    await _still_serves(pool)
+
+
+async def test_memory_cap_holds(pool):
+    r = await pool.run("x = bytearray(600 * 1024 * 1024)\nprint(len(x))")
+    assert r.status == "memory", r
+    await _still_serves(pool)
+
+
+async def test_raising_own_rlimits_does_not_help(pool):
+    code = (
+        "import resource\n"
+        "for lim in (resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_NPROC):\n"
+        "    soft, hard = resource.getrlimit(lim)\n"
+        "    try:\n"
+        "        resource.setrlimit(lim, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+        "        print('raised', lim)\n"
+        "    except (ValueError, OSError):\n"
+        "        resource.setrlimit(lim, (hard, hard))\n"
+        "x = bytearray(600 * 1024 * 1024)\n"
+        "print('allocated')\n"
+    )
+    r = await pool.run(code)
+    assert "raised" not in r.stdout and "allocated" not in r.stdout
+    assert r.status == "memory"
+    r = await pool.run(
+        code.replace("x = bytearray(600 * 1024 * 1024)", "while True: pass"), timeout_s=1.0
+    )
+    assert r.status == "timeout"
+    await _still_serves(pool)
+
+
+@needs_root
+async def test_fork_bomb_is_contained(pool):
+    code = (
+        "import os\n"
+        "n = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            while True: pass\n"
+        "        n += 1\n"
+        "except OSError:\n"
+        "    print('forks refused after', n)\n"
+    )
+    r = await pool.run(
+        code.replace("import os\n", "import os\nprint(os.getuid())\n"), timeout_s=1.0
+    )
+    assert "forks refused after" in r.stdout
+    uid_line, refused_line = r.stdout.splitlines()
+    assert int(refused_line.split()[-1]) < 20
+    await _still_serves(pool)
+    # every process the call started is gone (polled: the kill is asynchronous)
+    deadline = time.monotonic() + 3
+    while _processes_of_uid(int(uid_line)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert _processes_of_uid(int(uid_line)) == 0
+
+
+def _processes_of_uid(uid: int) -> int:
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += 1
+            except OSError:
+                pass
+    return count
+
+
+async def test_output_is_capped(pool):
+    r = await pool.run("while True:\n    print('x' * 1000)")
+    assert r.status == "output_limit"
+    assert len(r.stdout) == Limits().max_output_chars
+    await _still_serves(pool)
+
+
+async def test_server_secrets_are_invisible(pool, monkeypatch):
+    monkeypatch.setenv("RSTAR2_TEST_SECRET", "hunter2")
+    code = (
+        "import os, glob\n"
+        "seen = 'hunter2' in str(dict(os.environ))\n"
+        "for path in glob.glob('/proc/*/environ'):\n"
+        "    try:\n"
+        "        seen = seen or b'hunter2' in open(path, 'rb').read()\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(seen)\n"
+    )
+    async with SandboxPool(PoolConfig(num_workers=1)) as fresh:  # started with the secret set
+        r = await fresh.run(code)
+    assert r.stdout == "False\n", r
+
+
+@needs_root
+async def test_network_connect_fails(pool):
+    code = (
+        "import socket\n"
+        "for host in ('127.0.0.1', '10.0.0.1'):\n"
+        "    try:\n"
+        "        socket.create_connection((host, 80), timeout=0.5)\n"
+        "        print('connected', host)\n"
+        "    except OSError as e:\n"
+        "        print('refused', e.errno)\n"
+    )
+    r = await pool.run(code)
+    assert "connected" not in r.stdout and r.stdout.count("refused") == 2
+
+
+@needs_root
+async def test_writes_stay_in_the_temp_dir_and_vanish(pool, tmp_path):
+    host_marker = Path("/tmp") / f"rstar2-sandbox-escape-{os.getpid()}"
+    code = (
+        "import os\n"
+        "open('here.txt', 'w').write('x')\n"
+        f"open('{host_marker}', 'w').write('x')\n"
+        "ok = []\n"
+        f"for p in ('/etc/rstar2-test', '/work/rstar2-test', '{tmp_path}/x'):\n"
+        "    try:\n"
+        "        open(p, 'w').write('x'); ok.append(p)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(os.getcwd(), sorted(os.listdir('.')), ok)\n"
+    )
+    r = await pool.run(code)
+    assert r.status == "ok", r
+    cwd = r.stdout.split()[0]
+    assert "'here.txt'" in r.stdout and r.stdout.rstrip().endswith("[]")
+    assert not host_marker.exists()  # /tmp inside is a private tmpfs
+    # ...and gone for later calls (the clean-up after a call is asynchronous: poll briefly)
+    probe = f"import os\nprint(os.path.exists('{host_marker}'), os.path.exists('{cwd}'))"
+    deadline = time.monotonic() + 3
+    while (r2 := await pool.run(probe)).stdout != "False False\n" and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert r2.stdout == "False False\n"
+
+
+@needs_root
+async def test_child_cannot_signal_the_server(pool):
+    code = (
+        f"import os, signal\n"
+        f"try:\n"
+        f"    os.kill({os.getpid()}, signal.SIGKILL)\n"
+        f"    print('sent')\n"
+        f"except OSError as e:\n"
+        f"    print('denied', e.errno)\n"
+        f"print(os.getpid(), os.getuid())\n"
+    )
+    r = await pool.run(code)
+    assert "sent" not in r.stdout
+    pid, uid = r.stdout.split("\n")[1].split()
+    assert pid == "1" and int(uid) >= 1_500_000
+    await _still_serves(pool)
+
+
+async def test_concurrency_64_has_no_failures(pool):
+    results = await pool.run_batch([ExecRequest(code=f"print({i} * 2)") for i in range(64)])
+    assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(64)]
+
+
+async def test_busy_and_closed_are_clear_errors():
+    p = SandboxPool(PoolConfig(num_workers=1, max_queued=1))
+    await p.start()
+    slow = [asyncio.create_task(p.run("import time; time.sleep(0.3)")) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    with pytest.raises(PoolBusy):
+        await p.run("print(1)")
+    assert all(r.status == "ok" for r in await asyncio.gather(*slow))
+    await p.close()
+    with pytest.raises(PoolClosed):
+        await p.run("print(1)")
+
+
+async def test_graceful_close_finishes_in_flight_calls():
+    p = SandboxPool(PoolConfig(num_workers=2))
+    await p.start()
+    task = asyncio.create_task(p.run("import time; time.sleep(0.3); print('done')"))
+    await asyncio.sleep(0.05)
+    await p.close()
+    assert (await task).stdout == "done\n"

@@ -1,0 +1,121 @@
+"""Redis multi-node mode with a real redis-server and real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sandbox_pool.protocol import ExecRequest
+from sandbox_pool.redis_queue import PREFIX, RedisConfig, RedisDispatcher
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("redis-server") is None,
+    reason="redis-server not installed (scripts/install.sh dev)",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def redis_url():
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _start_worker(redis_url: str, name: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sandbox_pool.cli",
+            "worker",
+            "--redis",
+            redis_url,
+            "--workers",
+            "2",
+            "--visibility-timeout",
+            "2",
+            "--name",
+            name,
+        ],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,  # its zygotes die with it (parent-death signal)
+    )
+
+
+async def _wait_for_workers(dispatcher: RedisDispatcher, n: int) -> None:
+    deadline = time.monotonic() + 60
+    while dispatcher.status()["num_workers"] < n:
+        assert time.monotonic() < deadline, "workers did not register"
+        await asyncio.sleep(0.1)
+
+
+async def test_exactly_one_result_per_call_while_workers_are_killed(redis_url):
+    workers = [_start_worker(redis_url, f"w{i}") for i in range(4)]
+    dispatcher = RedisDispatcher(RedisConfig(url=redis_url, max_wait_s=120))
+    await dispatcher.start()
+    try:
+        await _wait_for_workers(dispatcher, 4)
+        n = 2000
+        calls = [
+            asyncio.create_task(dispatcher.execute(ExecRequest(code=f"print({i})")))
+            for i in range(n)
+        ]
+        for victim in workers[:3]:  # SIGKILL three workers while calls are in flight
+            await asyncio.sleep(0.7)
+            os.killpg(victim.pid, signal.SIGKILL)
+        results = await asyncio.gather(*calls)
+        assert [r.status for r in results].count("ok") == n
+        assert [r.stdout for r in results] == [f"{i}\n" for i in range(n)]
+        assert dispatcher.results_received == n  # no duplicate was ever published
+        client = dispatcher._client
+        done_keys = [k async for k in client.scan_iter(match=PREFIX + "done:*", count=1000)]
+        assert len(done_keys) == n
+        assert await client.llen(PREFIX + "results:" + dispatcher.node) == 0
+        # entries a dead worker answered but never acked are reclaimed, seen answered, acked
+        deadline = time.monotonic() + 20
+        while await client.xlen(PREFIX + "calls") and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert await client.xlen(PREFIX + "calls") == 0
+        assert dispatcher.results_received == n
+    finally:
+        await dispatcher.close()
+        for w in workers:
+            if w.poll() is None:
+                os.killpg(w.pid, signal.SIGTERM)
+                w.wait(timeout=20)

@@ -92,8 +92,13 @@ def enter_shared_namespaces(
     if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         return None, ["mount propagation could not be made private"]
     _expose_python(expose, notes)
+    # Python that lives under /tmp (a checkout or venv there) stays visible inside the new /tmp.
+    under_tmp = {p for p in python_paths() if p == "/tmp" or p.startswith("/tmp/")}
+    keep = tuple(_outermost(under_tmp))
+    if "/tmp" in keep:
+        return None, [*notes, "Python lives in /tmp itself: /tmp cannot be made private"]
     opts = f"mode=1777,size={tmp_size_mb}m".encode()
-    if _libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+    if not _mount_over("/tmp", opts, keep, notes):
         return None, [*notes, "could not mount a private /tmp"]
     for target in SHARED_TMP_DIRS[1:]:
         if os.path.isdir(target) and _mount_bind("/tmp", target) != 0:
@@ -135,6 +140,15 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
+def python_paths() -> set[str]:
+    """Directories a child needs to import what the zygote has not: the Python install, every
+    sys.path entry, and this package's own checkout (editable installs)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    needed = {sys.base_prefix, sys.prefix, sys.exec_prefix, here}
+    needed |= {p for p in sys.path if os.path.isabs(p) and os.path.isdir(p)}
+    return {os.path.realpath(p) for p in needed}
+
+
 def python_visibility_plan() -> list[tuple[str, tuple[str, ...]]]:
     """Directories the unprivileged child could not traverse on the way to the Python install.
 
@@ -142,10 +156,8 @@ def python_visibility_plan() -> list[tuple[str, tuple[str, ...]]]:
     pyenv install, mode 700) is replaced in the child by an empty tmpfs into which only the
     Python directories are bind-mounted back, so imports work and nothing else there is visible.
     """
-    needed = {sys.base_prefix, sys.prefix, sys.exec_prefix}
-    needed |= {p for p in sys.path if os.path.isabs(p) and os.path.isdir(p)}
     plan: dict[str, set[str]] = {}
-    for path in needed:
+    for path in python_paths():
         blocked = _top_untraversable(path)
         if blocked is not None:
             plan.setdefault(blocked, set()).add(path)
@@ -225,18 +237,25 @@ def become_subreaper() -> None:
 
 def _expose_python(plan: list[tuple[str, tuple[str, ...]]], notes: list[str]) -> None:
     for hidden, keeps in plan:
-        # Open the kept dirs before the tmpfs hides them; bind them back through /proc/self/fd.
-        fds = [os.open(k, os.O_PATH | os.O_DIRECTORY) for k in keeps]
-        opts = b"mode=755,size=1m"
-        if _libc.mount(b"tmpfs", hidden.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+        if not _mount_over(hidden, b"mode=755,size=1m", keeps, notes):
             notes.append(f"could not hide {hidden}")
-            continue
+
+
+def _mount_over(target: str, opts: bytes, keeps: tuple[str, ...], notes: list[str]) -> bool:
+    """Mount a fresh tmpfs on ``target``, then bind ``keeps`` (paths under it) back into it."""
+    # Open the kept dirs before the mount hides them; bind them back through /proc/self/fd.
+    fds = [os.open(k, os.O_PATH | os.O_DIRECTORY) for k in keeps]
+    try:
+        if _libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+            return False
         for keep, fd in zip(keeps, fds, strict=True):
             os.makedirs(keep, exist_ok=True)
-            if _libc.mount(
-                f"/proc/self/fd/{fd}".encode(), keep.encode(), None, MS_BIND | MS_REC, None
-            ):
-                notes.append(f"could not expose {keep}")
+            source = f"/proc/self/fd/{fd}".encode()
+            if _libc.mount(source, keep.encode(), None, MS_BIND | MS_REC, None) != 0:
+                notes.append(f"could not keep {keep} visible")
+        return True
+    finally:
+        for fd in fds:
             os.close(fd)
 
 

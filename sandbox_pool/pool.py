@@ -19,10 +19,10 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sandbox_pool.api import SandboxAPI
 from sandbox_pool.images import HEAVY, LIGHT, Image, ImageName, image_for
 from sandbox_pool.protocol import (
     ExecRequest,
@@ -61,7 +61,7 @@ class PoolConfig:
         return self.num_workers or os.cpu_count() or 1
 
 
-class SandboxPool:
+class SandboxPool(SandboxAPI):
     """Runs Python snippets in isolated, pre-forked processes. See the module docstring."""
 
     def __init__(self, config: PoolConfig | None = None, **overrides: Any) -> None:
@@ -127,23 +127,7 @@ class SandboxPool:
             "completed": self.completed,
         }
 
-    # ---- calls ----
-
-    async def run(
-        self,
-        code: str,
-        stdin: str = "",
-        timeout_s: float | None = None,
-        memory_mb: int | None = None,
-    ) -> ExecResult:
-        """Run ``code`` with ``stdin``; always returns a result (never raises for user code)."""
-        return await self.execute(
-            ExecRequest(code=code, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
-        )
-
-    async def run_batch(self, requests: Sequence[ExecRequest]) -> list[ExecResult]:
-        """Results of ``requests`` in order, run concurrently up to the pool's bound."""
-        return list(await asyncio.gather(*(self.execute(r) for r in requests)))
+    # ---- calls (run and run_batch come from SandboxAPI) ----
 
     async def execute(self, request: ExecRequest) -> ExecResult:
         if self._closed:

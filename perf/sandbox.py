@@ -97,10 +97,18 @@ def _calls_for(workload: str, conc: int, base: int) -> int:
     return max(conc * 2, base)
 
 
-async def _bench(system: str, run: Runner, base_calls: int, rows: dict[str, Any]) -> None:
+async def _bench(
+    system: str,
+    run: Runner,
+    base_calls: int,
+    rows: dict[str, Any],
+    settle: Callable[[], Awaitable[None]] | None = None,
+) -> None:
     for workload, code in WORKLOADS.items():
         await run(code)  # warm
         for conc in CONCURRENCY:
+            if settle is not None:
+                await settle()  # every cell starts from a full stock of ready children
             n = _calls_for(workload, conc, base_calls)
             if system == "baseline":
                 n = max(conc, n // 4)  # it is slow; fewer calls give the same rates
@@ -119,9 +127,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     cfg = PoolConfig(num_workers=0)
     async with SandboxPool(cfg) as pool:
-        await asyncio.sleep(0.5)  # let both zygotes fill their stock of ready children
+        await pool.wait_warm()
         if "embedded" in systems:
-            await _bench("embedded", pool.run, args.calls, rows)
+            await _bench("embedded", pool.run, args.calls, rows, pool.wait_warm)
         if "http" in systems:
             server = SandboxServer(pool, ServerConfig(max_pending=4096))
             runner = web.AppRunner(server.build_app(), access_log=None)
@@ -130,7 +138,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             await site.start()
             port = runner.addresses[0][1]
             async with SandboxClient(f"http://127.0.0.1:{port}", ClientConfig()) as client:
-                await _bench("http", client.run, args.calls, rows)
+                await _bench("http", client.run, args.calls, rows, pool.wait_warm)
             await runner.cleanup()
     if "baseline" in systems:
         await _bench("baseline", _baseline, args.calls, rows)

@@ -125,7 +125,17 @@ class SandboxPool(SandboxAPI):
             "in_flight": self._running,
             "queued": self._waiting,
             "completed": self.completed,
+            "ready": {name: z.ready.qsize() for name, z in self._zygotes.items()},
         }
+
+    async def wait_warm(self, timeout_s: float = 30.0) -> None:
+        """Wait until every image has its full stock of ready children (benchmarks use this)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline and any(
+            z.ready.qsize() < z.config.num_children for z in self._zygotes.values()
+        ):
+            await asyncio.sleep(0.05)
 
     # ---- calls (run and run_batch come from SandboxAPI) ----
 

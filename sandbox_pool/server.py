@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from sandbox_pool.protocol import STATUSES, ExecRequest, ExecResult, ProtocolError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
 _OPEN_PATHS = frozenset({"/healthz", "/ping"})
 
 
@@ -133,21 +134,27 @@ class SandboxServer:
 
     async def _execute_batch(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
-        items = body.get("requests") if isinstance(body, dict) else None
-        if not isinstance(items, list) or not items:
-            raise _bad_request("'requests' must be a non-empty list")
-        if len(items) > self.config.max_batch:
-            raise _bad_request(f"at most {self.config.max_batch} requests per batch")
-        calls = []
-        for i, item in enumerate(items):
-            try:
-                calls.append(self._parse(item))
-            except web.HTTPBadRequest as exc:
-                raise _bad_request(f"requests[{i}]: {exc.reason}") from None
+        calls = self._parse_items(body, "requests", self._parse)
         if not self._admit(len(calls)):
             return self._too_busy()
         results = await self._run_many(calls)
         return web.json_response({"results": [r.to_json() for r in results]})
+
+    def _parse_items(self, body: Any, key: str, parse: Callable[[Any], T]) -> list[T]:
+        """``body[key]`` as a non-empty list of at most max_batch items, each parsed; a bad item
+        is a 400 naming its index."""
+        items = body.get(key) if isinstance(body, dict) else None
+        if not isinstance(items, list) or not items:
+            raise _bad_request(f"'{key}' must be a non-empty list")
+        if len(items) > self.config.max_batch:
+            raise _bad_request(f"at most {self.config.max_batch} {key} per batch")
+        parsed = []
+        for i, item in enumerate(items):
+            try:
+                parsed.append(parse(item))
+            except web.HTTPBadRequest as exc:
+                raise _bad_request(f"{key}[{i}]: {exc.reason}") from None
+        return parsed
 
     def _parse(self, body: Any) -> ExecRequest:
         try:
@@ -194,17 +201,7 @@ class SandboxServer:
 
     async def _cj_batch(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
-        subs = body.get("submissions") if isinstance(body, dict) else None
-        if not isinstance(subs, list) or not subs:
-            raise _bad_request("'submissions' must be a non-empty list")
-        if len(subs) > self.config.max_batch:
-            raise _bad_request(f"at most {self.config.max_batch} submissions per batch")
-        parsed = []
-        for i, sub in enumerate(subs):
-            try:
-                parsed.append(_submission(sub))
-            except web.HTTPBadRequest as exc:
-                raise _bad_request(f"submissions[{i}]: {exc.reason}") from None
+        parsed = self._parse_items(body, "submissions", _submission)
         judge_only = request.path.startswith("/judge")
         results = await self._judge_all(parsed)
         return web.json_response(

@@ -304,6 +304,11 @@ def _close_other_fds(keep_fds: tuple[int, ...]) -> None:
 
 
 def current_vm_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        pages = int(fh.read().split()[0])
+    """This process's address-space size. Raw ``os`` calls: a child reads it on the pre-call
+    path, and ``open()``'s buffered-text stack costs ~0.2 ms of copy-on-write faults there."""
+    fd = os.open("/proc/self/statm", os.O_RDONLY)
+    try:
+        pages = int(os.read(fd, 256).split()[0])
+    finally:
+        os.close(fd)
     return pages * os.sysconf("SC_PAGE_SIZE")

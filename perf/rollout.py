@@ -6,7 +6,9 @@ temperature 0.7). Prints a table, then one JSON line: trajectories_per_s, tokens
 tokens), tool_wait_fraction (tool wait time / trajectory time, summed over trajectories) and
 overlap (the share of tool waits that ran while another trajectory was generating).
 
-    python -m perf.rollout [--trajectories 64] [--model DIR]
+Every turn goes through the rollout dispatcher (``--policy``, default ``kv_affinity``).
+
+    python -m perf.rollout [--trajectories 64] [--model DIR] [--policy P]
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from typing import Any
 from rstar2.agent.loop import AgentSettings, run_trajectory
 from rstar2.agent.template import ChatTemplate
 from rstar2.agent.tools import tool_schema
+from rstar2.rollout.dispatch import Dispatcher, run_scheduled
 from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
 from sandbox_pool import PoolConfig, SandboxPool
+from scheduler.core import POLICIES, SchedulerSettings
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -49,11 +53,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         async with SandboxPool(PoolConfig(num_workers=2)) as sandbox:
             await run_trajectory(engine, sandbox, template, prompts[0], settings)  # warm
-            start = time.perf_counter()
-            trajs = await asyncio.gather(
-                *(run_trajectory(engine, sandbox, template, p, settings) for p in prompts)
-            )
-            wall = time.perf_counter() - start
+            policy = SchedulerSettings(policy=args.policy, block_size_tokens=engine.block_size)
+            async with Dispatcher([engine], policy) as dispatcher:
+                start = time.perf_counter()
+                trajs = await asyncio.gather(
+                    *(run_scheduled(dispatcher, sandbox, template, p, settings) for p in prompts)
+                )
+                wall = time.perf_counter() - start
     finally:
         engine.shutdown()
 
@@ -68,6 +74,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     result = {
         "benchmark": "rollout",
         "cores": os.cpu_count(),
+        "policy": args.policy,
         "trajectories": len(trajs),
         "wall_s": round(wall, 3),
         "trajectories_per_s": round(len(trajs) / wall, 2),
@@ -95,6 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trajectories", type=int, default=64)
     parser.add_argument("--model", help="an already built tool model folder")
+    parser.add_argument("--policy", default="kv_affinity", choices=POLICIES)
     return asyncio.run(main_async(parser.parse_args(argv)))
 
 

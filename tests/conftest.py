@@ -30,3 +30,11 @@ def scorer():
 
     with RewardScorer(timeout_s=3.0, num_workers=2) as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory) -> Path:
+    """The tiny tool-using model of tests/helpers/tool_model.py, trained once per session."""
+    from tests.helpers.tool_model import build_tool_model
+
+    return build_tool_model(tmp_path_factory.mktemp("tool-model"))

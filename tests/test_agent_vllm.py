@@ -16,7 +16,7 @@ from rstar2.agent.tools import tool_schema
 from rstar2.reward import RewardScorer
 from rstar2.rollout.engine import Generation, SamplingSettings
 from sandbox_pool import PoolConfig, SandboxPool
-from tests.helpers.tool_model import SCRIPTS, build_tool_model
+from tests.helpers.tool_model import SCRIPTS
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed"),
@@ -26,8 +26,8 @@ GREEDY = AgentSettings(max_turns=4, max_response_tokens=400, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_tool_model(tmp_path_factory.mktemp("tool-model"))
+def model_dir(tool_model_dir) -> Path:
+    return tool_model_dir
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -158,7 +158,8 @@ async def test_64_concurrent_trajectories_overlap_tools_with_generation(engine, 
     )
     assert tools and overlapping >= len(tools) // 2  # tool waits ran during others' generation
     stats = engine.kv_stats()
-    assert stats.capacity_tokens == 512 * engine.block_size and stats.num_running == 0
+    # 512 blocks, less the one vLLM keeps aside (its null block)
+    assert stats.capacity_tokens == 511 * engine.block_size and stats.num_running == 0
 
 
 async def test_weight_update_changes_and_restores_outputs(engine, model_dir, template):

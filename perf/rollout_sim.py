@@ -1,0 +1,115 @@
+"""Trace-replay simulator of rollout scheduling policies (see :mod:`scheduler.sim` for the model).
+
+    python -m perf.rollout_sim --trace FILE|paper --engines N --kv-tokens K --policy P|all
+        [--seed S]
+
+``--trace paper`` generates the paper-like trace of :func:`scheduler.trace.paper_like` (512
+prompts x 16 trajectories; ``--prompts`` / ``--samples`` scale it). Prints a table, then one JSON
+line with, per policy: makespan_s, busy_fraction, preemptions, recomputed_tokens,
+generated_tokens, p50/p99 trajectory latency. Exit 2 with one line on a bad argument or trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from scheduler.core import POLICIES, SchedulerError, SchedulerSettings
+from scheduler.sim import SimSettings, simulate
+from scheduler.trace import TraceError, TraceRow, load_trace, paper_like
+
+
+def _rows(args: argparse.Namespace) -> list[TraceRow]:
+    if args.trace == "paper":
+        return paper_like(
+            num_prompts=args.prompts,
+            samples_per_prompt=args.samples,
+            max_response_tokens=args.max_response_tokens,
+            seed=args.seed,
+        )
+    return load_trace(args.trace)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rows = _rows(args)
+    settings = SimSettings(
+        num_engines=args.engines,
+        kv_tokens=args.kv_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_response_tokens=args.max_response_tokens,
+    )
+    policies = list(POLICIES) if args.policy == "all" else [args.policy]
+    gen = sum(r.response_tokens for r in rows)
+    print(
+        f"trace: {len(rows)} trajectories, {gen / len(rows):.0f} response tokens mean, "
+        f"{sum(len(r.turns) for r in rows) / len(rows):.1f} turns mean; {args.engines} engines "
+        f"x {args.kv_tokens} KV tokens"
+    )
+    header = (
+        f"{'policy':<15}{'makespan_s':>11}{'busy':>7}{'preempt':>9}{'recomputed':>12}"
+        f"{'recomp%':>9}{'p50_s':>9}{'p99_s':>9}{'moves':>8}{'sim_s':>7}"
+    )
+    print(header)
+    results: dict[str, Any] = {}
+    for policy in policies:
+        t0 = time.perf_counter()
+        res = simulate(rows, settings, SchedulerSettings(policy=policy))
+        wall = time.perf_counter() - t0
+        row = res.as_dict()
+        results[policy] = row
+        print(
+            f"{policy:<15}{res.makespan_s:>11.1f}{res.busy_fraction:>7.2f}{res.preemptions:>9}"
+            f"{res.recomputed_tokens:>12}"
+            f"{100 * res.recomputed_tokens / max(res.generated_tokens, 1):>8.2f}%"
+            f"{res.p50_latency_s:>9.1f}{res.p99_latency_s:>9.1f}{res.moves:>8}{wall:>7.1f}",
+            flush=True,
+        )
+    out = {
+        "benchmark": "rollout_sim",
+        "trace": args.trace,
+        "trajectories": len(rows),
+        "engines": args.engines,
+        "kv_tokens": args.kv_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "seed": args.seed,
+        "policies": results,
+    }
+    if "round_robin" in results:
+        rr = results["round_robin"]["makespan_s"]
+        out["makespan_vs_round_robin"] = {
+            p: round(r["makespan_s"] / rr, 3) for p, r in results.items()
+        }
+    print(json.dumps(out))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", default="paper", help="JSONL trace file, or 'paper'")
+    parser.add_argument("--engines", type=int, default=8)
+    parser.add_argument(
+        "--kv-tokens", type=int, default=655_360, help="KV capacity per engine (tokens)"
+    )
+    parser.add_argument("--policy", default="all", choices=[*POLICIES, "all"])
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated trace")
+    parser.add_argument("--prompts", type=int, default=512, help="--trace paper: prompts")
+    parser.add_argument("--samples", type=int, default=16, help="--trace paper: per prompt")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="engine batch limit")
+    parser.add_argument("--max-response-tokens", type=int, default=12_288)
+    args = parser.parse_args(argv)
+    if args.engines < 1 or args.kv_tokens < 1 or args.max_num_seqs < 1:
+        print("error: --engines, --kv-tokens and --max-num-seqs must be positive", file=sys.stderr)
+        return 2
+    try:
+        run(args)
+    except (TraceError, SchedulerError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,227 @@
+"""The rollout dispatcher: drives real engines through the :mod:`scheduler` state machine.
+
+Every generation turn of every trajectory goes through it::
+
+    async with Dispatcher(engines, SchedulerSettings(policy="kv_affinity")) as dispatcher:
+        traj = await run_scheduled(dispatcher, sandbox, template, ids, agent_settings)
+
+``trajectory()`` yields an :class:`~rstar2.rollout.engine.Engine` bound to one trajectory: its
+``generate`` waits for the scheduler's placement, runs the request on the chosen engine, and
+reports back. When the scheduler caps a dispatch below the turn's token budget (``kv_affinity``
+segments), a turn that reaches the cap continues in a further dispatch and the pieces come
+back as one :class:`~rstar2.rollout.engine.Generation`, so the agent loop never sees segments.
+Live KV stats are polled from every engine and fed to the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from rstar2.agent.loop import AgentSettings, Observer, Sandbox, Trajectory, run_trajectory
+from rstar2.agent.template import ChatTemplate
+from rstar2.rollout.engine import Engine, Generation, KVStats, SamplingSettings
+from scheduler.core import Assignment, Scheduler, SchedulerSettings
+
+_SEGMENT_SEED_STRIDE = 1_000_003  # continuation segments must not replay the first's randomness
+
+
+class DispatcherClosed(RuntimeError):
+    """The dispatcher was closed."""
+
+
+class Dispatcher:
+    """Owns one :class:`scheduler.core.Scheduler` over ``engines`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        settings: SchedulerSettings,
+        *,
+        stats_interval_s: float = 0.05,
+    ) -> None:
+        if not engines:
+            raise ValueError("at least one engine is needed")
+        self.engines = list(engines)
+        capacities = [max(e.kv_stats().capacity_tokens, 1) for e in self.engines]
+        self.scheduler = Scheduler(capacities, settings)
+        self.stats_interval_s = stats_interval_s
+        self._waiters: dict[str, asyncio.Future[Assignment]] = {}
+        self._placed: dict[str, Assignment] = {}  # placed before its generate() asked
+        self._ids = itertools.count()
+        self._poller: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> Dispatcher:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def start(self) -> None:
+        """Start polling engine stats (idempotent; needs a running loop)."""
+        if self._closed:
+            raise DispatcherClosed("the dispatcher is closed")
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_stats())
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(DispatcherClosed("the dispatcher closed"))
+
+    @contextlib.asynccontextmanager
+    async def trajectory(
+        self,
+        *,
+        prompt_tokens: int,
+        max_response_tokens: int,
+        session_id: str | None = None,
+    ) -> AsyncIterator[ScheduledEngine]:
+        """Register one trajectory for its lifetime; yields the engine its turns run on."""
+        if self._closed:
+            raise DispatcherClosed("the dispatcher is closed")
+        self.start()
+        traj_id = f"traj-{next(self._ids)}"
+        bound = ScheduledEngine(self, traj_id, prompt_tokens)
+        self.scheduler.submit(
+            traj_id,
+            prompt_tokens=prompt_tokens,
+            max_response_tokens=max_response_tokens,
+            session_id=session_id,
+        )
+        try:
+            yield bound
+        finally:
+            self._waiters.pop(traj_id, None)
+            if self._placed.pop(traj_id, None) is not None or bound.running:
+                # placed but never run (the caller stopped early): give the placement back
+                self.scheduler.generation_finished(traj_id, 0, turn_complete=True)
+            self.scheduler.finish(traj_id)
+            self._pump()
+
+    # ---- internals used by ScheduledEngine ----
+
+    async def _placement(self, traj_id: str) -> Assignment:
+        self._pump()
+        placed = self._placed.pop(traj_id, None)
+        if placed is not None:
+            return placed
+        fut: asyncio.Future[Assignment] = asyncio.get_running_loop().create_future()
+        self._waiters[traj_id] = fut
+        return await fut
+
+    def _pump(self) -> None:
+        for a in self.scheduler.schedule():
+            fut = self._waiters.pop(a.traj_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(a)
+            else:
+                self._placed[a.traj_id] = a
+
+    def _refresh(self, engine_id: int) -> None:
+        stats = self.engines[engine_id].kv_stats()
+        self.scheduler.update_engine(
+            engine_id,
+            used_tokens=stats.used_tokens,
+            running=stats.num_running,
+            waiting=stats.num_waiting,
+            preemptions=stats.num_preemptions,
+            capacity_tokens=stats.capacity_tokens or None,
+        )
+
+    async def _poll_stats(self) -> None:
+        while True:
+            for i in range(len(self.engines)):
+                self._refresh(i)
+            self._pump()
+            await asyncio.sleep(self.stats_interval_s)
+
+    def engine_stats(self) -> list[KVStats]:
+        return [e.kv_stats() for e in self.engines]
+
+
+async def run_scheduled(
+    dispatcher: Dispatcher,
+    sandbox: Sandbox,
+    template: ChatTemplate,
+    prompt_ids: Sequence[int],
+    settings: AgentSettings,
+    observer: Observer | None = None,
+) -> Trajectory:
+    """One trajectory of the agent loop, every turn placed by ``dispatcher``."""
+    async with dispatcher.trajectory(
+        prompt_tokens=len(prompt_ids), max_response_tokens=settings.max_response_tokens
+    ) as engine:
+        return await run_trajectory(engine, sandbox, template, prompt_ids, settings, observer)
+
+
+class ScheduledEngine:
+    """The :class:`~rstar2.rollout.engine.Engine` of one trajectory under a dispatcher."""
+
+    def __init__(self, dispatcher: Dispatcher, traj_id: str, prompt_tokens: int) -> None:
+        self._d = dispatcher
+        self.traj_id = traj_id
+        self._turns = 0
+        self._prompt_tokens = prompt_tokens
+        self.dispatches: list[Assignment] = []
+        self.running = False  # placed and not reported back yet
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingSettings) -> Generation:
+        sched = self._d.scheduler
+        if self._turns > 0:
+            sched.turn_ready(self.traj_id, len(prompt_ids))
+        self._turns += 1
+        ids = list(prompt_ids)
+        out = Generation(token_ids=[], logprobs=[], finish_reason="stop")
+        for segment in itertools.count():
+            a = await self._d._placement(self.traj_id)
+            self.running = True
+            self.dispatches.append(a)
+            left = sampling.max_tokens - len(out.token_ids)
+            cap = min(left, a.max_tokens)
+            seed = None if sampling.seed is None else sampling.seed + _SEGMENT_SEED_STRIDE * segment
+            piece_sampling = replace(sampling, max_tokens=cap, seed=seed)
+            try:
+                piece = await self._d.engines[a.engine_id].generate(ids, piece_sampling)
+            except BaseException:
+                self.running = False
+                sched.generation_finished(self.traj_id, 0, turn_complete=True)
+                self._d._pump()
+                raise
+            self.running = False
+            out.token_ids.extend(piece.token_ids)
+            out.logprobs.extend(piece.logprobs)
+            out.finish_reason = piece.finish_reason
+            ids.extend(piece.token_ids)
+            more = piece.finish_reason == "length" and len(piece.token_ids) >= cap and cap < left
+            sched.generation_finished(self.traj_id, len(piece.token_ids), turn_complete=not more)
+            self._d._refresh(a.engine_id)
+            if not more:
+                break
+        self._d._pump()
+        return out
+
+    def kv_stats(self) -> KVStats:
+        stats = self._d.engine_stats()
+        return KVStats(
+            capacity_tokens=sum(s.capacity_tokens for s in stats),
+            used_tokens=sum(s.used_tokens for s in stats),
+            num_running=sum(s.num_running for s in stats),
+            num_waiting=sum(s.num_waiting for s in stats),
+            num_preemptions=sum(s.num_preemptions for s in stats),
+        )
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        raise NotImplementedError("update weights on the engines, not through one trajectory")

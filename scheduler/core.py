@@ -1,0 +1,642 @@
+"""The rollout scheduler: a pure, synchronous state machine (no asyncio, no torch, no network).
+
+Engines have a KV capacity in tokens. Trajectories have a prompt, a response token budget and a
+session id, and generate in *dispatches*: one dispatch runs one request on one engine. Events
+(method calls) move the state; :meth:`Scheduler.schedule` returns the dispatches to start now,
+as :class:`Assignment` values. The caller (the asyncio dispatcher, or the simulator) starts them
+and reports back.
+
+Event sequence of one trajectory::
+
+    submit -> schedule() assigns -> generation_finished(turn_complete=True)   # tool call runs
+           -> turn_ready(context) -> schedule() assigns -> ... -> finish
+
+Policies (:data:`Policy`):
+- ``round_robin``: every dispatch goes to the next engine in turn; no admission control.
+- ``least_requests``: to the engine with the fewest dispatches in flight; no admission control.
+- ``sticky`` (verl-like): a trajectory's first dispatch goes to the engine with the fewest live
+  trajectories, every later one to the same engine; no admission control.
+- ``kv_capacity`` (the rStar2 paper): a trajectory is admitted to the engine with the most free
+  KV once that covers its worst case (prompt + response budget); the reservation is held until
+  the trajectory finishes, and all its turns run there.
+- ``kv_affinity`` (ours): each dispatch reserves its context plus a *segment*: the observed
+  per-turn growth (a quantile of recent turns' generated tokens), capped by the remaining
+  budget. The dispatch's ``max_tokens`` is that segment, so it can never outgrow its reservation;
+  a turn longer than one segment continues in a further dispatch. The reservation is kept
+  through the tool call that follows (tool calls are short next to generation), so the engine
+  keeps the prefix cached and the next turn usually starts at once. A dispatch goes to the
+  engine holding the trajectory's prefix while that engine has room (a shorter segment is taken
+  if only that fits), otherwise to the engine with the most free KV when that one is clearly
+  underloaded or the dispatch has waited long: a move re-prefills the whole context, so a
+  loaded system keeps trajectories home. Next turns of live trajectories go before new
+  trajectories, which also leave ``new_headroom_fraction`` of an engine free for them.
+
+Invariants (tested):
+- Admission policies never over-commit: on every engine the reservations sum to at most its
+  capacity (``kv_affinity``: and every dispatch's tokens fit its own reservation, because its
+  ``max_tokens`` is bounded by it). An engine whose KV is counted in the same unit
+  (``block_size_tokens``) therefore never has to preempt for the scheduler's dispatches.
+- Every submitted trajectory is eventually assigned: :meth:`submit` rejects a trajectory whose
+  smallest reservation exceeds every engine; waiting trajectories that hold KV give it up when
+  that is what stands between the oldest waiting turn and an idle engine.
+- No starvation: waiting dispatches are served oldest trajectory first; a later one may pass a
+  waiting one that does not fit yet at most ``max_bypass`` times, then the queue (for
+  ``kv_affinity``: new trajectories, or new ones on that engine) holds until it fits; running
+  dispatches finish in bounded tokens, which frees their reservations.
+
+What the scheduler cannot control: an engine's prefix cache is LRU, so a prefix kept through a
+long wait may still be evicted by newer cache entries (the simulator counts that recompute).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+Policy = Literal["round_robin", "least_requests", "sticky", "kv_capacity", "kv_affinity"]
+POLICIES: tuple[Policy, ...] = (
+    "round_robin",
+    "least_requests",
+    "sticky",
+    "kv_capacity",
+    "kv_affinity",
+)
+ADMISSION_POLICIES: frozenset[Policy] = frozenset({"kv_capacity", "kv_affinity"})
+
+
+class SchedulerError(ValueError):
+    """A caller error: unknown trajectory or engine, an event out of order, a misfit."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerSettings:
+    policy: Policy = "kv_affinity"
+    initial_segment_tokens: int = 2048  # kv_affinity: segment before any turn was observed
+    min_segment_tokens: int = 256
+    segment_quantile: float = 0.75  # of recent turns' generated tokens
+    growth_window_turns: int = 512  # recent turns the quantile is taken over
+    max_bypass: int = 64  # times a waiting dispatch may be passed before the queue holds
+    max_misfits_per_pass: int = 8  # waiting dispatches tried in vain before a pass stops
+    max_misfits_per_engine: int = 2  # kv_affinity: the same, per engine's queue
+    new_headroom_fraction: float = 0.2  # kv_affinity: KV a new trajectory leaves free for
+    # live ones (their next turns then rarely wait, and waiting prefixes get evicted)
+    block_size_tokens: int = 1  # engines allocate KV in blocks: reservations round up to them
+    max_running_per_engine: int | None = None  # admission policies: dispatches in flight per
+    # engine at most (set it to the engines' max_num_seqs)
+    move_free_fraction: float = 0.25  # kv_affinity: leave the prefix's engine only for one
+    # this empty after placing (or once the dispatch has been passed max_bypass times)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise SchedulerError(f"unknown policy {self.policy!r}; expected one of {POLICIES}")
+        if not 0.0 < self.segment_quantile <= 1.0:
+            raise SchedulerError("segment_quantile must be in (0, 1]")
+        if self.min_segment_tokens < 1 or self.initial_segment_tokens < 1:
+            raise SchedulerError("segment sizes must be positive")
+        if self.block_size_tokens < 1:
+            raise SchedulerError("block_size_tokens must be positive")
+        if self.max_running_per_engine is not None and self.max_running_per_engine < 1:
+            raise SchedulerError("max_running_per_engine must be positive")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Start one dispatch: ``traj_id`` generates at most ``max_tokens`` on ``engine_id``.
+
+    ``reserved_tokens`` is what the scheduler holds for it (0 without admission control);
+    ``moved`` says the trajectory's prefix is on another engine (this engine re-prefills it).
+    """
+
+    traj_id: str
+    engine_id: int
+    max_tokens: int
+    reserved_tokens: int
+    moved: bool
+
+
+@dataclass
+class EngineState:
+    engine_id: int
+    capacity_tokens: int
+    reserved_tokens: int = 0  # held by dispatches (kv_affinity) or trajectories (kv_capacity)
+    in_flight: int = 0  # dispatches started here and not finished
+    live_trajectories: int = 0  # sticky: trajectories homed here
+    reported_used_tokens: int = 0  # from the engine's own stats
+    reported_running: int = 0
+    reported_waiting: int = 0
+    reported_preemptions: int = 0
+    max_running: int | None = None  # the engine's own batch limit (vLLM's max_num_seqs)
+    # kv_affinity: prefixes held here by trajectories now waiting to be placed
+    waiting_holds: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def free_tokens(self) -> int:
+        """KV an admission may take here; -1 while the engine runs its most requests (a request
+        queued inside the engine would hold nothing, and its cached prefix could age out)."""
+        if self.max_running is not None and self.in_flight >= self.max_running:
+            return -1
+        return self.capacity_tokens - max(self.reserved_tokens, self.reported_used_tokens)
+
+
+_State = Literal["waiting", "running", "tool", "done"]
+
+
+@dataclass
+class _Traj:
+    traj_id: str
+    seq: int
+    session_id: str
+    prompt_tokens: int
+    max_response_tokens: int
+    context_tokens: int
+    state: _State = "waiting"
+    home: int | None = None  # engine holding its prefix (its last dispatch ran there)
+    reserved: int = 0
+    turn_generated: int = 0  # tokens generated so far in the current turn (over segments)
+    bypassed: int = 0
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self.prompt_tokens + self.max_response_tokens - self.context_tokens
+
+
+@dataclass
+class SchedulerStats:
+    dispatches: int = 0
+    moves: int = 0
+    continuations: int = 0  # dispatches that continue a turn past a segment
+    peak_waiting: int = 0
+    per_engine_dispatches: dict[int, int] = field(default_factory=dict)
+
+
+def _free_besides(engine: EngineState, own_tokens: int) -> int:
+    """Free KV on ``engine`` for a trajectory that already holds ``own_tokens`` there."""
+    if engine.max_running is not None and engine.in_flight >= engine.max_running:
+        return -1
+    taken = max(engine.reserved_tokens - own_tokens, engine.reported_used_tokens)
+    return engine.capacity_tokens - taken
+
+
+class Scheduler:
+    """See the module docstring. Not thread-safe; one owner drives it."""
+
+    def __init__(self, capacities_tokens: list[int], settings: SchedulerSettings) -> None:
+        if not capacities_tokens:
+            raise SchedulerError("at least one engine is needed")
+        if any(c <= 0 for c in capacities_tokens):
+            raise SchedulerError("engine KV capacities must be positive")
+        self.settings = settings
+        self.engines = [
+            EngineState(i, c, max_running=settings.max_running_per_engine)
+            for i, c in enumerate(capacities_tokens)
+        ]
+        self.stats = SchedulerStats()
+        self._trajs: dict[str, _Traj] = {}
+        self._queue: list[tuple[int, str]] = []  # (seq, traj_id) of waiting dispatches
+        self._admitted: deque[str] = deque()  # kv_capacity: next turns of admitted ones
+        # kv_affinity: waiting dispatches of trajectories with a prefix on engine i
+        self._home_queues: list[list[tuple[int, str]]] = [[] for _ in self.engines]
+        self._seq = 0
+        self._rr_next = 0
+        self._turns: deque[int] = deque(maxlen=settings.growth_window_turns)
+        self._sorted_turns: list[int] = []  # the same values, ordered (for the quantile)
+        self._segment = settings.initial_segment_tokens
+
+    # ---- events ----
+
+    def submit(
+        self,
+        traj_id: str,
+        *,
+        prompt_tokens: int,
+        max_response_tokens: int,
+        session_id: str | None = None,
+    ) -> None:
+        """A new trajectory; its first turn is ready now."""
+        if traj_id in self._trajs:
+            raise SchedulerError(f"trajectory {traj_id!r} was already submitted")
+        if prompt_tokens < 1 or max_response_tokens < 1:
+            raise SchedulerError("prompt_tokens and max_response_tokens must be positive")
+        traj = _Traj(
+            traj_id=traj_id,
+            seq=self._seq,
+            session_id=session_id or traj_id,
+            prompt_tokens=prompt_tokens,
+            max_response_tokens=max_response_tokens,
+            context_tokens=prompt_tokens,
+        )
+        need = self._smallest_reservation(traj)
+        largest = max(e.capacity_tokens for e in self.engines)
+        if self.settings.policy in ADMISSION_POLICIES and need > largest:
+            raise SchedulerError(
+                f"trajectory {traj_id!r} needs {need} KV tokens; the largest engine has {largest}"
+            )
+        self._seq += 1
+        self._trajs[traj_id] = traj
+        self._enqueue(traj)
+
+    def turn_ready(self, traj_id: str, context_tokens: int) -> None:
+        """A trajectory's next turn can generate; ``context_tokens`` = prompt + response so far
+        (tool results included)."""
+        traj = self._get(traj_id, expect="tool")
+        if context_tokens < traj.context_tokens:
+            raise SchedulerError(f"{traj_id!r}: context cannot shrink")
+        traj.context_tokens = context_tokens
+        traj.turn_generated = 0
+        if traj.remaining_tokens <= 0:
+            raise SchedulerError(f"{traj_id!r}: the response budget is spent; finish it")
+        self._enqueue(traj)
+
+    def generation_finished(
+        self, traj_id: str, generated_tokens: int, *, turn_complete: bool = True
+    ) -> None:
+        """A dispatch ended after ``generated_tokens``. ``turn_complete=False``: it stopped at its
+        ``max_tokens`` cap mid-turn, and the turn continues in a further dispatch."""
+        traj = self._get(traj_id, expect="running")
+        engine = self.engines[traj.home] if traj.home is not None else None
+        if engine is not None:
+            engine.in_flight -= 1
+        traj.context_tokens += generated_tokens
+        traj.turn_generated += generated_tokens
+        if self.settings.policy == "kv_affinity" and engine is not None:
+            # keep the dispatch's reservation through the tool call (or until the turn's next
+            # segment): the engine keeps the prefix cached, and the next turn starts without
+            # waiting in most cases (the unused part of this segment covers the tool response)
+            pass
+        if turn_complete or traj.remaining_tokens <= 0:
+            self._observe_turn(traj.turn_generated)
+            traj.state = "tool"
+            return
+        self.stats.continuations += 1
+        self._enqueue(traj)
+
+    def finish(self, traj_id: str) -> None:
+        """The trajectory is done (no more turns); everything it held is released."""
+        traj = self._trajs.pop(traj_id, None)
+        if traj is None:
+            raise SchedulerError(f"unknown trajectory {traj_id!r}")
+        if traj.state == "running":
+            raise SchedulerError(f"{traj_id!r} still has a dispatch running")
+        if traj.home is not None:
+            engine = self.engines[traj.home]
+            engine.reserved_tokens -= traj.reserved
+            engine.waiting_holds.pop(traj_id, None)
+            if self.settings.policy == "sticky":
+                engine.live_trajectories -= 1
+        traj.state = "done"
+
+    def update_engine(
+        self,
+        engine_id: int,
+        *,
+        used_tokens: int,
+        running: int,
+        waiting: int,
+        preemptions: int,
+        capacity_tokens: int | None = None,
+    ) -> None:
+        """The engine's own live stats. Admission treats the larger of the engine's reported
+        use and the scheduler's reservations as taken (other clients may share the engine)."""
+        if not 0 <= engine_id < len(self.engines):
+            raise SchedulerError(f"unknown engine {engine_id}")
+        engine = self.engines[engine_id]
+        engine.reported_used_tokens = used_tokens
+        engine.reported_running = running
+        engine.reported_waiting = waiting
+        engine.reported_preemptions = preemptions
+        if capacity_tokens is not None and capacity_tokens > 0:
+            engine.capacity_tokens = capacity_tokens
+
+    # ---- decisions ----
+
+    def schedule(self, limit: int | None = None) -> list[Assignment]:
+        """Dispatches to start now (oldest trajectory first), at most ``limit``."""
+        if self.settings.policy == "kv_affinity":
+            return self._schedule_affinity(limit)
+        out: list[Assignment] = []
+        while self._admitted and (limit is None or len(out) < limit):
+            traj = self._trajs.get(self._admitted.popleft())
+            if traj is not None and traj.state == "waiting":
+                out.append(
+                    self._start(traj, self.engines[traj.home or 0], traj.remaining_tokens, 0)
+                )
+        skipped: list[tuple[int, str]] = []
+        held: _Traj | None = None  # oldest waiting dispatch that did not fit
+        misfits = 0
+        max_free = self._max_free()
+        while self._queue and (limit is None or len(out) < limit):
+            item = heapq.heappop(self._queue)
+            traj = self._trajs.get(item[1])
+            if traj is None or traj.state != "waiting":
+                continue  # finished while queued (stale entry)
+            if held is not None and held.bypassed >= self.settings.max_bypass:
+                skipped.append(item)
+                break  # the queue holds until the oldest fits
+            # cheap rejection first: no engine has the room (its own held prefix counted)
+            fits = self._may_fit(traj, max_free)
+            assignment = self._place(traj) if fits else None
+            if assignment is None:
+                skipped.append(item)
+                if held is None:
+                    held = traj
+                misfits += 1
+                if misfits >= self.settings.max_misfits_per_pass or not self._any_room():
+                    break
+                continue
+            if held is not None:
+                held.bypassed += 1
+            out.append(assignment)
+            max_free = self._max_free()
+        for item in skipped:
+            heapq.heappush(self._queue, item)
+        self.stats.peak_waiting = max(self.stats.peak_waiting, len(self._queue))
+        return out
+
+    def _schedule_affinity(self, limit: int | None) -> list[Assignment]:
+        """kv_affinity: next turns of live trajectories first, each in the queue of the engine
+        holding its prefix (oldest first); then new trajectories, onto the engine with the
+        most free KV. An engine whose oldest waiting turn was passed ``max_bypass`` times by
+        new trajectories takes no new ones until that turn runs (which may also move)."""
+        out: list[Assignment] = []
+        room = limit if limit is not None else 1 << 62
+        blocked: dict[int, _Traj] = {}  # engine -> its oldest waiting turn that did not fit
+        for engine in self.engines:
+            queue = self._home_queues[engine.engine_id]
+            skipped: list[tuple[int, str]] = []
+            while queue and len(out) < room:
+                item = heapq.heappop(queue)
+                traj = self._trajs.get(item[1])
+                if traj is None or traj.state != "waiting" or traj.home != engine.engine_id:
+                    continue  # stale entry
+                assignment = self._place_kv_affinity(traj)
+                if assignment is not None:
+                    out.append(assignment)
+                    continue
+                skipped.append(item)
+                blocked.setdefault(engine.engine_id, traj)
+                if len(skipped) >= self.settings.max_misfits_per_engine:
+                    break
+            for item in skipped:
+                heapq.heappush(queue, item)
+        out.extend(self._place_new(room - len(out), blocked))
+        self.stats.peak_waiting = max(
+            self.stats.peak_waiting, len(self._queue) + sum(map(len, self._home_queues))
+        )
+        for engine_id, head in blocked.items():
+            if self._release_waiting_holds_for(head, self.engines[engine_id]) and len(out) < room:
+                out.extend(self._schedule_affinity(room - len(out)))
+                break
+        return out
+
+    def _place_new(self, room: int, blocked: dict[int, _Traj]) -> list[Assignment]:
+        """First dispatches of new trajectories (kv_affinity), oldest first."""
+        out: list[Assignment] = []
+        skipped: list[tuple[int, str]] = []
+        closed = {e for e, head in blocked.items() if head.bypassed >= self.settings.max_bypass}
+        held: _Traj | None = None  # the oldest new trajectory that did not fit
+        best_free = self._best_free(closed)
+        while self._queue and len(out) < room:
+            item = heapq.heappop(self._queue)
+            traj = self._trajs.get(item[1])
+            if traj is None or traj.state != "waiting":
+                continue
+            if held is not None and held.bypassed >= self.settings.max_bypass:
+                skipped.append(item)
+                break  # new trajectories wait until the oldest fits
+            fits = self._need_kv_affinity(traj)[1] <= best_free  # cheap rejection first
+            assignment = self._place_kv_affinity(traj, exclude=closed) if fits else None
+            if assignment is None:
+                skipped.append(item)
+                held = held or traj
+                if len(skipped) >= self.settings.max_misfits_per_pass:
+                    break
+                continue
+            if held is not None:
+                held.bypassed += 1
+            out.append(assignment)
+            best_free = self._best_free(closed)
+            head = blocked.get(assignment.engine_id)
+            if head is not None:
+                head.bypassed += 1
+                if head.bypassed >= self.settings.max_bypass:
+                    closed.add(assignment.engine_id)
+        for item in skipped:
+            heapq.heappush(self._queue, item)
+        return out
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(1 for t in self._trajs.values() if t.state == "waiting")
+
+    @property
+    def num_live(self) -> int:
+        return len(self._trajs)
+
+    @property
+    def segment_tokens(self) -> int:
+        """kv_affinity's current projected per-turn growth."""
+        return self._segment
+
+    def reservation_of(self, traj_id: str) -> int:
+        return self._get(traj_id).reserved
+
+    # ---- internals ----
+
+    def _get(self, traj_id: str, expect: _State | None = None) -> _Traj:
+        traj = self._trajs.get(traj_id)
+        if traj is None:
+            raise SchedulerError(f"unknown trajectory {traj_id!r}")
+        if expect is not None and traj.state != expect:
+            raise SchedulerError(f"{traj_id!r} is {traj.state}, expected {expect}")
+        return traj
+
+    def _enqueue(self, traj: _Traj) -> None:
+        traj.state = "waiting"
+        traj.bypassed = 0
+        if self.settings.policy == "kv_capacity" and traj.home is not None:
+            self._admitted.append(traj.traj_id)  # needs no new capacity: never held back
+            return
+        if self.settings.policy == "kv_affinity" and traj.home is not None:
+            heapq.heappush(self._home_queues[traj.home], (traj.seq, traj.traj_id))
+        else:
+            heapq.heappush(self._queue, (traj.seq, traj.traj_id))
+        if self.settings.policy == "kv_affinity" and traj.reserved and traj.home is not None:
+            self.engines[traj.home].waiting_holds[traj.traj_id] = traj.reserved
+
+    def _release_waiting_holds_for(self, head: _Traj, engine: EngineState) -> bool:
+        """Break a hold-and-wait cycle: when ``head``, the oldest waiting turn on ``engine``,
+        does not fit there, nothing runs there, and it would fit once the prefixes held there
+        by other *waiting* trajectories are let go, let them go (those re-prefill later)."""
+        if engine.in_flight or not engine.waiting_holds:
+            return False
+        others = {t: n for t, n in engine.waiting_holds.items() if t != head.traj_id}
+        need = self._need_kv_affinity(head)[1]
+        if not others or _free_besides(engine, head.reserved) + sum(others.values()) < need:
+            return False
+        for traj_id, tokens in others.items():
+            del engine.waiting_holds[traj_id]
+            engine.reserved_tokens -= tokens
+            self._trajs[traj_id].reserved = 0
+        return True
+
+    def _smallest_reservation(self, traj: _Traj) -> int:
+        if self.settings.policy == "kv_capacity":
+            return self._blocks(traj.prompt_tokens + traj.max_response_tokens)
+        if self.settings.policy == "kv_affinity":
+            segment = min(self.settings.min_segment_tokens, traj.max_response_tokens)
+            return self._blocks(traj.context_tokens + segment)
+        return 0
+
+    def _floor_blocks(self, tokens: int) -> int:
+        bs = self.settings.block_size_tokens
+        return tokens // bs * bs
+
+    def _blocks(self, tokens: int) -> int:
+        """``tokens`` rounded up to whole KV blocks."""
+        bs = self.settings.block_size_tokens
+        return -(-tokens // bs) * bs
+
+    def _observe_turn(self, generated: int) -> None:
+        if len(self._turns) == self._turns.maxlen:
+            oldest = self._turns[0]
+            del self._sorted_turns[bisect.bisect_left(self._sorted_turns, oldest)]
+        self._turns.append(generated)
+        bisect.insort(self._sorted_turns, generated)
+        n = len(self._sorted_turns)
+        rank = min(n - 1, max(0, math.ceil(self.settings.segment_quantile * n) - 1))
+        self._segment = max(self.settings.min_segment_tokens, self._sorted_turns[rank])
+
+    def _best_free(self, exclude: set[int]) -> float:
+        """The most KV any engine outside ``exclude`` offers a new trajectory (its headroom for
+        live trajectories taken off)."""
+        h = self.settings.new_headroom_fraction
+        return max(
+            (
+                e.free_tokens - (h * e.capacity_tokens if e.reserved_tokens else 0)
+                for e in self.engines
+                if e.engine_id not in exclude
+            ),
+            default=-1,
+        )
+
+    def _max_free(self) -> int:
+        if self.settings.policy not in ADMISSION_POLICIES:
+            return 1 << 62
+        return max(e.free_tokens for e in self.engines)
+
+    def _may_fit(self, traj: _Traj, max_free: int) -> bool:
+        """A cheap necessary condition for :meth:`_place` to succeed (``max_free``: the most
+        free KV on any engine)."""
+        policy = self.settings.policy
+        if policy == "kv_capacity":
+            need = self._blocks(traj.prompt_tokens + traj.max_response_tokens)
+            return traj.home is not None or need <= max_free
+        if policy != "kv_affinity":
+            return True
+        need = self._need_kv_affinity(traj)[1]
+        if traj.home is None or traj.bypassed >= self.settings.max_bypass:
+            return need <= max_free
+        home = self.engines[traj.home]
+        home_free = _free_besides(home, traj.reserved)
+        if need <= home_free or need > home.capacity_tokens:
+            return True
+        if self._floor_blocks(home_free) - traj.context_tokens >= self.settings.min_segment_tokens:
+            return True
+        return need + self.settings.move_free_fraction * home.capacity_tokens <= max_free
+
+    def _any_room(self) -> bool:
+        """False once no engine could take even the smallest reservation (stop scanning)."""
+        if self.settings.policy not in ADMISSION_POLICIES:
+            return True
+        return any(e.free_tokens >= self.settings.min_segment_tokens for e in self.engines)
+
+    def _place(self, traj: _Traj) -> Assignment | None:
+        policy = self.settings.policy
+        if policy == "kv_capacity":
+            return self._place_kv_capacity(traj)
+        if policy == "kv_affinity":
+            return self._place_kv_affinity(traj)
+        if policy == "round_robin":
+            engine = self.engines[self._rr_next]
+            self._rr_next = (self._rr_next + 1) % len(self.engines)
+        elif policy == "least_requests":
+            engine = min(self.engines, key=lambda e: (e.in_flight, e.engine_id))
+        else:  # sticky
+            if traj.home is None:
+                engine = min(self.engines, key=lambda e: (e.live_trajectories, e.engine_id))
+                engine.live_trajectories += 1
+            else:
+                engine = self.engines[traj.home]
+        return self._start(traj, engine, traj.remaining_tokens, 0)
+
+    def _place_kv_capacity(self, traj: _Traj) -> Assignment | None:
+        if traj.home is not None:  # admitted: its worst-case reservation is held there
+            return self._start(traj, self.engines[traj.home], traj.remaining_tokens, 0)
+        need = self._blocks(traj.prompt_tokens + traj.max_response_tokens)
+        engine = max(self.engines, key=lambda e: (e.free_tokens, -e.engine_id))
+        if engine.free_tokens < need:
+            return None
+        engine.reserved_tokens += need
+        traj.reserved = need
+        return self._start(traj, engine, traj.remaining_tokens, need)
+
+    def _need_kv_affinity(self, traj: _Traj) -> tuple[int, int]:
+        """(segment, reservation) of the trajectory's next dispatch."""
+        segment = min(traj.remaining_tokens, max(self._segment, self.settings.min_segment_tokens))
+        return segment, self._blocks(traj.context_tokens + segment)
+
+    def _place_kv_affinity(
+        self, traj: _Traj, exclude: set[int] | frozenset[int] = frozenset()
+    ) -> Assignment | None:
+        segment, need = self._need_kv_affinity(traj)
+        home = self.engines[traj.home] if traj.home is not None else None
+        held = traj.reserved  # its prefix, held on home since its last dispatch
+        home_free = _free_besides(home, held) if home is not None else 0
+        shrunk = self._floor_blocks(home_free) - traj.context_tokens
+        if home is not None and home_free >= need:
+            engine = home
+        elif home is not None and shrunk >= self.settings.min_segment_tokens:
+            # a shorter segment fits where its prefix is: run now rather than wait (a waiting
+            # prefix ages in the engine's LRU cache); the turn continues in further segments
+            engine, segment, need = home, shrunk, self._blocks(traj.context_tokens + shrunk)
+        else:
+            candidates = [e for e in self.engines if e.engine_id not in exclude]
+            if not candidates:
+                return None
+            engine = max(candidates, key=lambda e: (e.free_tokens, -e.engine_id))
+            if engine is home or engine.free_tokens < need:
+                return None
+            slack = engine.free_tokens - need
+            headroom = self.settings.new_headroom_fraction * engine.capacity_tokens
+            if home is None and engine.reserved_tokens and slack < headroom:
+                return None  # the room left is for live trajectories' next turns
+            if not (
+                home is None
+                or need > home.capacity_tokens
+                or slack >= self.settings.move_free_fraction * engine.capacity_tokens
+                or traj.bypassed >= self.settings.max_bypass
+            ):
+                return None  # wait for the prefix's engine
+        if home is not None:
+            home.reserved_tokens -= held
+            home.waiting_holds.pop(traj.traj_id, None)
+        engine.reserved_tokens += need
+        traj.reserved = need
+        return self._start(traj, engine, segment, need)
+
+    def _start(
+        self, traj: _Traj, engine: EngineState, max_tokens: int, reserved: int
+    ) -> Assignment:
+        moved = traj.home is not None and traj.home != engine.engine_id
+        traj.home = engine.engine_id
+        traj.state = "running"
+        engine.in_flight += 1
+        self.stats.dispatches += 1
+        self.stats.moves += int(moved)
+        per = self.stats.per_engine_dispatches
+        per[engine.engine_id] = per.get(engine.engine_id, 0) + 1
+        return Assignment(traj.traj_id, engine.engine_id, max_tokens, reserved, moved)

@@ -1,0 +1,397 @@
+"""Discrete-event model of multi-turn rollouts on continuous-batching engines (pure, no I/O).
+
+Drives a real :class:`scheduler.core.Scheduler` with a trace. Each engine follows vLLM v1's
+scheduler: requests run in one continuous batch of at most ``max_num_seqs``; a waiting request is
+admitted (first come, first served) once its whole context fits in free KV; every step each
+running request computes one token (its prefill, in the first step, costs per token) and needs
+one more token of KV; when that KV is not there the most recently admitted request is preempted:
+its KV is freed into the prefix cache, it rejoins the front of the queue, and whatever of its
+context the cache lost by then is recomputed. Each engine has a prefix cache (LRU, evictable):
+a turn that returns to the engine holding its history prefills only the new tokens, a turn that
+moves re-prefills its history.
+
+Step time (``StepCostModel``) is additive: a fixed cost (weights read once per step), a cost per
+token computed (decode and prefill alike), and a cost per token of KV read by the batch. The
+defaults describe a 14B dense model (Qwen2.5-14B: 48 layers, 8 KV heads x 128 dims, bf16, so
+192 KiB of KV per token) on one MI300X (~5.3 TB/s, ~600 dense TFLOP/s). The default KV capacity,
+640 Ki tokens per engine (~128 GB), is what is left of 0.9 x 192 GB after 29.5 GB of weights and
+~15 GB of activations.
+
+Engines advance in runs of steps between events; a request arriving mid-run joins after the
+step in progress, so the model costs O(events log n), not O(steps x batch).
+
+``recomputed_tokens`` counts tokens whose KV had been computed before and was computed again
+(after a preemption or a move); ``generated_tokens`` the sampled tokens.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, replace
+
+from scheduler.core import Assignment, Scheduler, SchedulerSettings
+from scheduler.trace import TraceRow
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCostModel:
+    step_base_s: float = 0.005
+    per_token_s: float = 4.7e-5
+    per_kv_token_s: float = 3.7e-8
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimSettings:
+    num_engines: int = 8
+    kv_tokens: int = 655_360  # per engine: ~128 GB of the MI300X left for KV, at 192 KiB a token
+    max_num_seqs: int = 256
+    max_response_tokens: int = 12_288  # the trajectories' budget (tool responses included)
+    default_tool_tokens: int = 128
+    cost: StepCostModel = field(default_factory=StepCostModel)
+
+
+@dataclass
+class SimResult:
+    policy: str
+    makespan_s: float
+    busy_fraction: float
+    preemptions: int
+    recomputed_tokens: int
+    generated_tokens: int
+    p50_latency_s: float
+    p99_latency_s: float
+    dispatches: int
+    moves: int
+    recomputed_after_preemption: int
+    recomputed_after_move: int
+    recomputed_after_eviction: int
+    engine_max_used_fraction: float
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(self).items()}
+
+
+@dataclass
+class _Req:
+    traj_id: str
+    context: int  # tokens that must be resident when it runs
+    to_generate: int
+    start_step: int = 0
+    order: int = 0  # admission order (preemption takes the newest)
+    generated_before: int = 0  # by this dispatch before a preemption
+
+
+class _Engine:
+    def __init__(self, engine_id: int, s: SimSettings, sim: Simulation) -> None:
+        self.id = engine_id
+        self.s = s
+        self.sim = sim
+        self.step = 0
+        self.running: OrderedDict[int, _Req] = OrderedDict()
+        self.finish_heap: list[tuple[int, int]] = []  # (finish step, order)
+        self.kv_used = 0
+        self.cache: OrderedDict[str, int] = OrderedDict()  # traj -> cached prefix tokens
+        self.cached_total = 0
+        self.waiting: deque[_Req] = deque()
+        self.preemptions = 0
+        self.busy_s = 0.0
+        self.max_used = 0
+        # the run of steps in progress
+        self.run_start_t = 0.0
+        self.run_steps = 0
+        self.run_prefill_s = 0.0
+        self.run_version = 0
+        self.busy = False
+        self._orders = itertools.count()
+
+    # -- requests arrive here --
+    def arrive(self, req: _Req, now: float) -> None:
+        self.waiting.append(req)
+        if not self.busy:
+            self._plan(now)
+        else:
+            self._cut_run(now)
+
+    def _cut_run(self, now: float) -> None:
+        """End the current run after the step in progress, so the arrival joins next step."""
+        done = self._steps_done_by(now - self.run_start_t)
+        keep = min(self.run_steps, done + 1)
+        if keep < self.run_steps:
+            self.run_steps = keep
+            self.run_version += 1
+            self.sim.push(
+                self.run_start_t + self._run_time(keep), ("engine", self.id, self.run_version)
+            )
+
+    # -- time model --
+    def _run_time(self, k: int) -> float:
+        c = self.s.cost
+        n = len(self.running)
+        per_step = c.step_base_s + c.per_token_s * n + c.per_kv_token_s * self.kv_used
+        return self.run_prefill_s + k * per_step + c.per_kv_token_s * n * k * (k - 1) / 2
+
+    def _steps_done_by(self, elapsed: float) -> int:
+        c = self.s.cost
+        n = len(self.running)
+        a = c.per_kv_token_s * n / 2
+        b = c.step_base_s + c.per_token_s * n + c.per_kv_token_s * self.kv_used - a
+        rest = elapsed - self.run_prefill_s
+        if rest <= 0:
+            return 0
+        if a == 0:
+            return int(rest / b)
+        return int((-b + math.sqrt(b * b + 4 * a * rest)) / (2 * a))
+
+    # -- the engine's own scheduling --
+    def _plan(self, now: float) -> None:
+        prefill_tokens = self._admit()
+        n = len(self.running)
+        if n == 0:
+            self.busy = False
+            return
+        room = self.s.kv_tokens - self.kv_used
+        if room < n:
+            self._preempt_until_fits()
+            n = len(self.running)
+            if n == 0:
+                self.busy = False
+                return
+            room = self.s.kv_tokens - self.kv_used
+        k_finish = self.finish_heap[0][0] - self.step
+        k = max(1, min(k_finish, room // n))
+        self.busy = True
+        self.run_start_t = now
+        self.run_steps = k
+        self.run_prefill_s = self.s.cost.per_token_s * prefill_tokens
+        self.run_version += 1
+        self.sim.push(now + self._run_time(k), ("engine", self.id, self.run_version))
+
+    def on_run_end(self, now: float, version: int) -> None:
+        if version != self.run_version or not self.busy:
+            return
+        k = self.run_steps
+        self.busy_s += now - self.run_start_t
+        self.step += k
+        self.kv_used += len(self.running) * k
+        self.max_used = max(self.max_used, self.kv_used)
+        self._evict(0)
+        while self.finish_heap and self.finish_heap[0][0] <= self.step:
+            _, order = heapq.heappop(self.finish_heap)
+            req = self.running.pop(order)
+            self._release(req, req.to_generate)
+            total = req.generated_before + req.to_generate
+            self.sim.dispatch_done(self.id, req.traj_id, total, now)
+        self._plan(now)
+        self.sim.report(self)
+
+    def _admit(self) -> int:
+        prefill = 0
+        while self.waiting and len(self.running) < self.s.max_num_seqs:
+            req = self.waiting[0]
+            hit = min(self.cache.get(req.traj_id, 0), req.context)
+            if self.s.kv_tokens - self.kv_used < req.context:
+                break  # the head waits (first come, first served)
+            self.waiting.popleft()
+            if req.traj_id in self.cache:
+                self.cached_total -= self.cache.pop(req.traj_id)
+            self.kv_used += req.context
+            self._evict(0)
+            prefill += req.context - hit
+            self.sim.count_prefill(req.traj_id, self.id, req.context, hit)
+            req.start_step = self.step
+            req.order = next(self._orders)
+            self.running[req.order] = req
+            heapq.heappush(self.finish_heap, (self.step + req.to_generate, req.order))
+        return prefill
+
+    def _preempt_until_fits(self) -> None:
+        while self.running and self.s.kv_tokens - self.kv_used < len(self.running):
+            order, req = self.running.popitem(last=True)
+            self.finish_heap.remove((req.start_step + req.to_generate, order))
+            heapq.heapify(self.finish_heap)
+            generated = self.step - req.start_step
+            self._release(req, generated)
+            self.preemptions += 1
+            self.sim.preempted(req.traj_id, req.context + generated)
+            self.waiting.appendleft(
+                _Req(
+                    req.traj_id,
+                    req.context + generated,
+                    req.to_generate - generated,
+                    generated_before=req.generated_before + generated,
+                )
+            )
+
+    def _release(self, req: _Req, generated: int) -> None:
+        tokens = req.context + generated
+        self.kv_used -= tokens
+        self.cache[req.traj_id] = tokens
+        self.cached_total += tokens
+        self._evict(0)
+
+    def _evict(self, extra: int) -> None:
+        limit = self.s.kv_tokens - self.kv_used - extra
+        while self.cached_total > limit and self.cache:
+            _, tokens = self.cache.popitem(last=False)
+            self.cached_total -= tokens
+
+
+@dataclass
+class _TrajRun:
+    row: TraceRow
+    turn: int = 0
+    turn_left: int = 0
+    context: int = 0
+    computed_hwm: int = 0  # tokens whose KV was computed at least once
+    generated: int = 0
+    last_engine: int | None = None
+    preempted: bool = False
+
+
+class Simulation:
+    """Replay ``rows`` under ``policy``; :meth:`run` returns the figures."""
+
+    def __init__(self, rows: list[TraceRow], settings: SimSettings, sched: SchedulerSettings):
+        self.s = settings
+        self.rows = rows
+        if sched.max_running_per_engine is None:  # the scheduler knows the engines' limit
+            sched = replace(sched, max_running_per_engine=settings.max_num_seqs)
+        self.scheduler = Scheduler([settings.kv_tokens] * settings.num_engines, sched)
+        self.engines = [_Engine(i, settings, self) for i in range(settings.num_engines)]
+        self.events: list[tuple[float, int, tuple[object, ...]]] = []
+        self._seq = itertools.count()
+        self.trajs: dict[str, _TrajRun] = {}
+        self.latencies: list[float] = []
+        self.recomputed = 0
+        self.recomputed_by = {"preemption": 0, "move": 0, "evicted": 0}
+        self.generated = 0
+        self.now = 0.0
+
+    def push(self, t: float, event: tuple[object, ...]) -> None:
+        heapq.heappush(self.events, (t, next(self._seq), event))
+
+    def run(self) -> SimResult:
+        for row in self.rows:
+            budget = self.s.max_response_tokens
+            run = _TrajRun(row, 0, row.turns[0].gen_tokens, row.prompt_tokens)
+            self.trajs[row.id] = run
+            self.scheduler.submit(
+                row.id,
+                prompt_tokens=row.prompt_tokens,
+                max_response_tokens=budget,
+                session_id=row.session,
+            )
+        self._pump()
+        while self.events:
+            t, _, event = heapq.heappop(self.events)
+            self.now = t
+            if event[0] == "engine":
+                self.engines[int(event[1])].on_run_end(t, int(event[2]))  # type: ignore[call-overload]
+            else:
+                self._tool_done(str(event[1]))
+            self._pump()
+        if self.trajs:
+            raise RuntimeError(f"{len(self.trajs)} trajectories never finished")
+        return self._result()
+
+    def _pump(self) -> None:
+        for a in self.scheduler.schedule():
+            self._start(a)
+
+    def _start(self, a: Assignment) -> None:
+        run = self.trajs[a.traj_id]
+        n = min(run.turn_left, a.max_tokens)
+        self.engines[a.engine_id].arrive(_Req(a.traj_id, run.context, n), self.now)
+
+    def count_prefill(self, traj_id: str, engine_id: int, context: int, hit: int) -> None:
+        run = self.trajs[traj_id]
+        again = max(0, min(run.computed_hwm, context) - hit)
+        self.recomputed += again
+        if run.preempted:
+            self.recomputed_by["preemption"] += again
+        elif run.last_engine is not None and run.last_engine != engine_id:
+            self.recomputed_by["move"] += again
+        else:
+            self.recomputed_by["evicted"] += again
+        run.preempted = False
+        run.last_engine = engine_id
+        run.computed_hwm = max(run.computed_hwm, context)
+
+    def preempted(self, traj_id: str, computed: int) -> None:
+        run = self.trajs[traj_id]
+        run.preempted = True
+        run.computed_hwm = max(run.computed_hwm, computed)
+
+    def dispatch_done(self, engine_id: int, traj_id: str, generated: int, now: float) -> None:
+        run = self.trajs[traj_id]
+        run.context += generated
+        run.computed_hwm = max(run.computed_hwm, run.context)
+        run.turn_left -= generated
+        run.generated += generated
+        self.generated += generated
+        budget_left = self.s.max_response_tokens - (run.context - run.row.prompt_tokens)
+        complete = run.turn_left <= 0 or budget_left <= 0
+        self.scheduler.generation_finished(traj_id, generated, turn_complete=complete)
+        if not complete:
+            return
+        turn = run.row.turns[run.turn]
+        if turn.tool_latency_s is None or run.turn + 1 >= len(run.row.turns) or budget_left <= 0:
+            self.scheduler.finish(traj_id)
+            self.latencies.append(now)
+            del self.trajs[traj_id]
+            return
+        self.push(now + turn.tool_latency_s, ("tool", traj_id))
+
+    def _tool_done(self, traj_id: str) -> None:
+        run = self.trajs[traj_id]
+        turn = run.row.turns[run.turn]
+        tool_tokens = self.s.default_tool_tokens if turn.tool_tokens is None else turn.tool_tokens
+        budget_left = self.s.max_response_tokens - (run.context - run.row.prompt_tokens)
+        tool_tokens = min(tool_tokens, max(budget_left - 1, 0))
+        run.context += tool_tokens
+        run.turn += 1
+        budget_left -= tool_tokens
+        run.turn_left = min(run.row.turns[run.turn].gen_tokens, budget_left)
+        if run.turn_left <= 0:
+            self.scheduler.finish(traj_id)
+            self.latencies.append(self.now)
+            del self.trajs[traj_id]
+            return
+        self.scheduler.turn_ready(traj_id, run.context)
+
+    def report(self, engine: _Engine) -> None:
+        self.scheduler.update_engine(
+            engine.id,
+            used_tokens=engine.kv_used,
+            running=len(engine.running),
+            waiting=len(engine.waiting),
+            preemptions=engine.preemptions,
+        )
+
+    def _result(self) -> SimResult:
+        lat = sorted(self.latencies)
+        makespan = lat[-1] if lat else 0.0
+        busy = sum(e.busy_s for e in self.engines) / max(makespan * len(self.engines), 1e-12)
+        return SimResult(
+            policy=self.scheduler.settings.policy,
+            makespan_s=makespan,
+            busy_fraction=busy,
+            preemptions=sum(e.preemptions for e in self.engines),
+            recomputed_tokens=self.recomputed,
+            generated_tokens=self.generated,
+            p50_latency_s=lat[len(lat) // 2] if lat else 0.0,
+            p99_latency_s=lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else 0.0,
+            dispatches=self.scheduler.stats.dispatches,
+            moves=self.scheduler.stats.moves,
+            recomputed_after_preemption=self.recomputed_by["preemption"],
+            recomputed_after_move=self.recomputed_by["move"],
+            recomputed_after_eviction=self.recomputed_by["evicted"],
+            engine_max_used_fraction=max(e.max_used for e in self.engines) / self.s.kv_tokens,
+        )
+
+
+def simulate(rows: list[TraceRow], settings: SimSettings, sched: SchedulerSettings) -> SimResult:
+    return Simulation(rows, settings, sched).run()

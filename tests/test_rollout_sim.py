@@ -1,0 +1,150 @@
+"""scheduler.trace and scheduler.sim: trace files, the engine model, and the simulator's CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scheduler.core import ADMISSION_POLICIES, POLICIES, SchedulerSettings
+from scheduler.sim import SimSettings, simulate
+from scheduler.trace import TraceError, TraceRow, TraceTurn, load_trace, paper_like, write_trace
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_paper_like_trace_follows_its_spec_and_round_trips(tmp_path: Path) -> None:
+    rows = paper_like(num_prompts=40, samples_per_prompt=4, seed=3)
+    assert len(rows) == 160 and len({r.id for r in rows}) == 160
+    for row in rows:
+        assert 1 <= len(row.turns) <= 10
+        assert all(t.tool_latency_s is not None for t in row.turns[:-1])
+        assert row.turns[-1].tool_latency_s is None
+        assert 1000 <= row.response_tokens <= 12_288
+    lengths = sorted(r.response_tokens for r in rows)
+    assert lengths[-1] > 2 * lengths[len(lengths) // 2]  # a long tail
+    path = tmp_path / "trace.jsonl"
+    write_trace(rows, path)
+    assert load_trace(path) == rows
+    assert paper_like(num_prompts=40, samples_per_prompt=4, seed=3) == rows  # seeded
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{", "trace.jsonl:2"),
+        ('{"id": "b", "prompt_tokens": 5, "turns": []}', "non-empty"),
+        ('{"id": "b", "prompt_tokens": 5, "turns": [{"gen_tokens": 0}]}', "gen_tokens"),
+        (
+            '{"id": "b", "prompt_tokens": 5, "turns": [{"gen_tokens": 3}, {"gen_tokens": 3}]}',
+            "only the last turn",
+        ),
+        ('{"id": "a", "prompt_tokens": 5, "turns": [{"gen_tokens": 3}]}', "duplicate id"),
+    ],
+)
+def test_bad_trace_lines_are_named(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "trace.jsonl"
+    good = '{"id": "a", "prompt_tokens": 5, "turns": [{"gen_tokens": 3, "tool_latency_s": null}]}'
+    path.write_text(good + "\n" + line + "\n")
+    with pytest.raises(TraceError, match=message):
+        load_trace(path)
+
+
+def _tight() -> tuple[list[TraceRow], SimSettings]:
+    rows = paper_like(num_prompts=24, samples_per_prompt=8, seed=1, max_response_tokens=6144)
+    return rows, SimSettings(num_engines=2, kv_tokens=65_536, max_response_tokens=6144)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_trajectory_finishes_and_every_token_is_generated(policy) -> None:
+    rows, settings = _tight()
+    res = simulate(rows, settings, SchedulerSettings(policy=policy, block_size_tokens=16))
+    assert res.generated_tokens == sum(r.response_tokens for r in rows)
+    assert res.makespan_s > 0 and 0 < res.busy_fraction <= 1.0
+    assert res.p50_latency_s <= res.p99_latency_s <= res.makespan_s
+    assert res.engine_max_used_fraction <= 1.0
+    if policy in ADMISSION_POLICIES:
+        assert res.preemptions == 0
+
+
+def test_overcommitted_engines_preempt_and_recompute() -> None:
+    rows, settings = _tight()
+    res = simulate(rows, settings, SchedulerSettings(policy="round_robin"))
+    assert res.preemptions > 0
+    assert res.recomputed_after_preemption > 0 and res.recomputed_after_move > 0
+    assert res.recomputed_tokens == (
+        res.recomputed_after_preemption + res.recomputed_after_move + res.recomputed_after_eviction
+    )
+
+
+def test_one_trajectory_alone_costs_what_the_step_model_says() -> None:
+    """Prefill of the prompt, then one step per token; tool latency in between."""
+    row = TraceRow("a", 100, (TraceTurn(10, 0.5, 20), TraceTurn(5, None)))
+    s = SimSettings(num_engines=1, kv_tokens=10_000)
+    res = simulate([row], s, SchedulerSettings(policy="sticky"))
+    c = s.cost
+    turn1 = c.per_token_s * 100 + sum(
+        c.step_base_s + c.per_token_s + c.per_kv_token_s * (100 + i) for i in range(10)
+    )
+    turn2 = c.per_token_s * 20 + sum(
+        c.step_base_s + c.per_token_s + c.per_kv_token_s * (130 + i) for i in range(5)
+    )
+    assert res.makespan_s == pytest.approx(turn1 + 0.5 + turn2, rel=1e-9)
+    assert res.recomputed_tokens == 0  # the second turn hits its cached prefix
+
+
+def test_cli_prints_a_table_then_one_json_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write_trace(paper_like(num_prompts=6, samples_per_prompt=4), path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "perf.rollout_sim",
+            "--trace",
+            str(path),
+            "--engines",
+            "2",
+            "--kv-tokens",
+            "60000",
+            "--policy",
+            "all",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    out = json.loads(lines[-1])
+    assert set(out["policies"]) == set(POLICIES)
+    for row in out["policies"].values():
+        for key in (
+            "makespan_s",
+            "busy_fraction",
+            "preemptions",
+            "recomputed_tokens",
+            "generated_tokens",
+            "p50_latency_s",
+            "p99_latency_s",
+        ):
+            assert key in row
+    assert any(line.startswith("kv_affinity") for line in lines[:-1])
+
+
+def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("not json\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "perf.rollout_sim", "--trace", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "bad.jsonl:1" in proc.stderr

@@ -1,0 +1,272 @@
+"""scheduler.core: each policy's placement, the invariants, and caller errors (pure, fast)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.core import (
+    ADMISSION_POLICIES,
+    POLICIES,
+    Assignment,
+    Policy,
+    Scheduler,
+    SchedulerError,
+    SchedulerSettings,
+)
+
+
+def _sched(policy: Policy, caps: list[int], **kw: int | float) -> Scheduler:
+    return Scheduler(caps, SchedulerSettings(policy=policy, **kw))  # type: ignore[arg-type]
+
+
+def _submit(s: Scheduler, n: int, prompt: int = 100, budget: int = 1000) -> None:
+    for i in range(n):
+        s.submit(f"t{i}", prompt_tokens=prompt, max_response_tokens=budget)
+
+
+def test_round_robin_cycles_engines_per_dispatch() -> None:
+    s = _sched("round_robin", [1000, 1000, 1000])
+    _submit(s, 4)
+    assert [a.engine_id for a in s.schedule()] == [0, 1, 2, 0]
+    s.generation_finished("t0", 10)
+    s.turn_ready("t0", 200)
+    (a,) = s.schedule()
+    assert a.engine_id == 1 and a.moved  # round robin ignores where the prefix is
+
+
+def test_least_requests_picks_fewest_in_flight() -> None:
+    s = _sched("least_requests", [1000, 1000])
+    _submit(s, 3)
+    first = s.schedule()
+    assert [a.engine_id for a in first] == [0, 1, 0]
+    s.generation_finished("t0", 5)
+    s.generation_finished("t2", 5)
+    s.turn_ready("t0", 150)
+    assert s.schedule()[0].engine_id == 0  # engine 0 now has 0 in flight, engine 1 has 1
+
+
+def test_sticky_keeps_a_trajectory_on_its_first_engine() -> None:
+    s = _sched("sticky", [1000, 1000])
+    _submit(s, 2)
+    homes = {a.traj_id: a.engine_id for a in s.schedule()}
+    assert sorted(homes.values()) == [0, 1]
+    for turn in range(3):
+        s.generation_finished("t1", 10)
+        s.turn_ready("t1", 120 + 20 * turn)
+        (a,) = s.schedule()
+        assert a.engine_id == homes["t1"] and not a.moved
+
+
+def test_kv_capacity_admits_worst_case_and_holds_it_until_finish() -> None:
+    s = _sched("kv_capacity", [2500])
+    _submit(s, 3, prompt=100, budget=1000)  # worst case 1100 each: two fit
+    placed = s.schedule()
+    assert [a.traj_id for a in placed] == ["t0", "t1"]
+    assert all(a.reserved_tokens == 1100 and a.max_tokens == 1000 for a in placed)
+    s.generation_finished("t0", 50)
+    assert s.schedule() == []  # t0's worst case is still held during its tool call
+    s.turn_ready("t0", 200)
+    (a,) = s.schedule()  # an admitted trajectory's next turn never waits
+    assert a.traj_id == "t0" and a.reserved_tokens == 0 and a.max_tokens == 900
+    s.generation_finished("t0", 30)
+    s.finish("t0")
+    assert [a.traj_id for a in s.schedule()] == ["t2"]
+
+
+def test_kv_affinity_reserves_a_segment_and_continues_long_turns() -> None:
+    s = _sched("kv_affinity", [10_000], initial_segment_tokens=300, min_segment_tokens=100)
+    _submit(s, 1, prompt=100, budget=1000)
+    (a,) = s.schedule()
+    assert (a.max_tokens, a.reserved_tokens) == (300, 400)
+    s.generation_finished("t0", 300, turn_complete=False)  # hit the segment cap mid-turn
+    (b,) = s.schedule()
+    assert b.engine_id == a.engine_id and b.max_tokens == 300 and b.reserved_tokens == 700
+    assert s.stats.continuations == 1
+
+
+def test_kv_affinity_segment_follows_observed_turns() -> None:
+    s = _sched("kv_affinity", [100_000], segment_quantile=0.5, min_segment_tokens=16)
+    _submit(s, 1, prompt=10, budget=50_000)
+    for gen in (100, 200, 300, 400, 500):
+        s.schedule()
+        s.generation_finished("t0", gen)
+        s.turn_ready("t0", s._trajs["t0"].context_tokens + 10)
+    assert s.segment_tokens == 300  # the median of the observed turns
+    assert s.schedule()[0].max_tokens == 300
+
+
+def test_kv_affinity_stays_home_and_moves_only_to_a_clearly_freer_engine() -> None:
+    s = _sched("kv_affinity", [2000, 2000], initial_segment_tokens=400, move_free_fraction=0.25)
+    _submit(s, 1, prompt=100, budget=3000)
+    (a,) = s.schedule()
+    home, other = a.engine_id, 1 - a.engine_id
+    s.generation_finished("t0", 400)  # context 500 stays held on its engine
+    assert s.engines[home].reserved_tokens == 500
+    s.submit("big", prompt_tokens=1000, max_response_tokens=400)
+    (b,) = s.schedule()
+    assert b.engine_id == other  # the engine with the most free KV
+    s.turn_ready("t0", 600)
+    (c,) = s.schedule()
+    assert c.engine_id == home and not c.moved and c.reserved_tokens == 1000
+    s.generation_finished("t0", 400)
+    s.generation_finished("big", 400)
+    s.finish("big")
+    # another client loads the home engine: the next turn moves to the idle one
+    s.update_engine(home, used_tokens=1800, running=9, waiting=0, preemptions=0)
+    s.turn_ready("t0", 1100)
+    (d,) = s.schedule()
+    assert d.engine_id == other and d.moved
+    assert s.engines[home].reserved_tokens == 0  # the held prefix was let go
+
+
+def test_kv_affinity_waits_for_its_prefix_rather_than_move_to_a_loaded_engine() -> None:
+    s = _sched(
+        "kv_affinity",
+        [2000, 2000],
+        initial_segment_tokens=200,
+        min_segment_tokens=100,
+        move_free_fraction=0.5,
+        new_headroom_fraction=0.0,
+    )
+    s.submit("a", prompt_tokens=300, max_response_tokens=1200)
+    s.submit("b", prompt_tokens=300, max_response_tokens=1200)
+    first = {x.traj_id: x.engine_id for x in s.schedule()}
+    assert first == {"a": 0, "b": 1}
+    s.generation_finished("a", 200)  # a keeps its 500-token reservation on engine 0
+    s.submit("c", prompt_tokens=1250, max_response_tokens=600)
+    (c,) = s.schedule()
+    assert c.engine_id == 0  # 1500 free on both: the lower id
+    s.turn_ready("a", 600)  # needs 800; engine 0 has 550 besides a's prefix
+    assert s.schedule() == []  # engine 1 fits it, but with 700 < 1000 tokens to spare
+    s.generation_finished("c", 10)
+    s.finish("c")
+    (again,) = s.schedule()
+    assert again.traj_id == "a" and again.engine_id == 0 and not again.moved
+
+
+def test_oldest_waiting_dispatch_is_passed_at_most_max_bypass_times() -> None:
+    s = _sched(
+        "kv_affinity",
+        [1000],
+        initial_segment_tokens=100,
+        min_segment_tokens=100,
+        max_bypass=3,
+        new_headroom_fraction=0.0,
+    )
+    s.submit("r1", prompt_tokens=400, max_response_tokens=100)  # reserves 500
+    s.submit("big", prompt_tokens=600, max_response_tokens=100)  # needs 700: waits
+    for i in range(6):
+        s.submit(f"s{i}", prompt_tokens=50, max_response_tokens=100)  # 150 each
+    placed = [a.traj_id for a in s.schedule()]
+    assert placed == ["r1", "s0", "s1", "s2"]  # big passed three times, then the queue holds
+    for tid in ("s0", "s1", "s2"):
+        s.generation_finished(tid, 100)
+        s.finish(tid)
+    assert s.schedule() == []  # 950 free besides r1 would fit s3..s5, but big is first
+    s.generation_finished("r1", 100)
+    s.finish("r1")
+    assert [a.traj_id for a in s.schedule()] == ["big", "s3", "s4"]
+
+
+def test_caller_errors_are_clear() -> None:
+    s = _sched("kv_capacity", [1000])
+    with pytest.raises(SchedulerError, match="needs 1100 KV tokens"):
+        s.submit("huge", prompt_tokens=100, max_response_tokens=1000)
+    s.submit("a", prompt_tokens=10, max_response_tokens=100)
+    with pytest.raises(SchedulerError, match="already submitted"):
+        s.submit("a", prompt_tokens=10, max_response_tokens=100)
+    with pytest.raises(SchedulerError, match="expected running"):
+        s.generation_finished("a", 5)
+    with pytest.raises(SchedulerError, match="unknown trajectory"):
+        s.turn_ready("nope", 5)
+    s.schedule()
+    with pytest.raises(SchedulerError, match="still has a dispatch running"):
+        s.finish("a")
+    with pytest.raises(SchedulerError, match="unknown engine"):
+        s.update_engine(3, used_tokens=0, running=0, waiting=0, preemptions=0)
+    with pytest.raises(SchedulerError, match="unknown policy"):
+        SchedulerSettings(policy="fastest")  # type: ignore[arg-type]
+    with pytest.raises(SchedulerError):
+        Scheduler([], SchedulerSettings())
+
+
+def test_reported_usage_from_other_clients_limits_admission() -> None:
+    s = _sched("kv_capacity", [2000])
+    s.update_engine(0, used_tokens=1500, running=3, waiting=0, preemptions=0)
+    _submit(s, 1, prompt=100, budget=1000)
+    assert s.schedule() == []
+    s.update_engine(0, used_tokens=0, running=0, waiting=0, preemptions=0)
+    assert len(s.schedule()) == 1
+
+
+def _drive(policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int) -> None:
+    """Run jobs (prompt, turn lengths) to completion with random event order; check invariants."""
+    rng = random.Random(seed)
+    s = _sched(policy, caps, initial_segment_tokens=64, min_segment_tokens=16, max_bypass=4)
+    budget = 600
+    left: dict[str, list[int]] = {}
+    context: dict[str, int] = {}
+    for i, (prompt, turns) in enumerate(jobs):
+        s.submit(f"j{i}", prompt_tokens=prompt, max_response_tokens=budget)
+        left[f"j{i}"] = list(turns)
+        context[f"j{i}"] = prompt
+    running: dict[str, Assignment] = {}
+    tool: list[str] = []
+    for _ in range(20_000):
+        for a in s.schedule():
+            assert a.traj_id not in running
+            remaining = jobs[int(a.traj_id[1:])][0] + budget - context[a.traj_id]
+            assert 1 <= a.max_tokens <= remaining
+            if policy == "kv_affinity":
+                assert context[a.traj_id] + a.max_tokens <= a.reserved_tokens
+            running[a.traj_id] = a
+        if policy in ADMISSION_POLICIES:
+            for e in s.engines:
+                assert 0 <= e.reserved_tokens <= e.capacity_tokens
+        if not running and not tool:
+            break
+        if running and (not tool or rng.random() < 0.7):
+            tid = rng.choice(sorted(running))
+            a = running.pop(tid)
+            want = left[tid][0]
+            got = min(want, a.max_tokens)
+            left[tid][0] -= got
+            context[tid] += got
+            done = left[tid][0] == 0 or context[tid] >= jobs[int(tid[1:])][0] + budget
+            s.generation_finished(tid, got, turn_complete=done)
+            if done:
+                left[tid].pop(0)
+                tool.append(tid)
+        else:
+            tid = tool.pop(rng.randrange(len(tool)))
+            spent = context[tid] - jobs[int(tid[1:])][0]
+            if not left[tid] or spent + 20 >= budget:
+                s.finish(tid)
+                del left[tid]
+            else:
+                context[tid] += 20  # the tool response
+                s.turn_ready(tid, context[tid])
+    assert not left, f"unfinished: {sorted(left)}"
+    assert s.num_live == 0
+    assert all(e.reserved_tokens == 0 and e.in_flight == 0 for e in s.engines)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    policy=st.sampled_from(POLICIES),
+    caps=st.lists(st.integers(800, 3000), min_size=1, max_size=4),
+    jobs=st.lists(
+        st.tuples(st.integers(1, 150), st.lists(st.integers(1, 300), min_size=1, max_size=4)),
+        min_size=1,
+        max_size=25,
+    ),
+    seed=st.integers(0, 1000),
+)
+def test_invariants_hold_and_every_trajectory_finishes(
+    policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int
+) -> None:
+    _drive(policy, caps, jobs, seed)

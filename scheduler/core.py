@@ -200,6 +200,8 @@ class Scheduler:
         self._admitted: deque[str] = deque()  # kv_capacity: next turns of admitted ones
         # kv_affinity: waiting dispatches of trajectories with a prefix on engine i
         self._home_queues: list[list[tuple[int, str]]] = [[] for _ in self.engines]
+        self._dirty: set[int] = set()  # engines whose queue or free KV changed since scanned
+        self._heads: dict[int, _Traj] = {}  # engine -> its oldest waiting turn that did not fit
         self._seq = 0
         self._rr_next = 0
         self._turns: deque[int] = deque(maxlen=settings.growth_window_turns)
@@ -260,13 +262,12 @@ class Scheduler:
         engine = self.engines[traj.home] if traj.home is not None else None
         if engine is not None:
             engine.in_flight -= 1
+            self._dirty.add(engine.engine_id)
         traj.context_tokens += generated_tokens
         traj.turn_generated += generated_tokens
-        if self.settings.policy == "kv_affinity" and engine is not None:
-            # keep the dispatch's reservation through the tool call (or until the turn's next
-            # segment): the engine keeps the prefix cached, and the next turn starts without
-            # waiting in most cases (the unused part of this segment covers the tool response)
-            pass
+        # kv_affinity keeps the dispatch's reservation through the tool call (or until the
+        # turn's next segment): the engine keeps the prefix cached, and the next turn usually
+        # starts at once (the unused part of this segment covers the tool response)
         if turn_complete or traj.remaining_tokens <= 0:
             self._observe_turn(traj.turn_generated)
             traj.state = "tool"
@@ -285,6 +286,7 @@ class Scheduler:
             engine = self.engines[traj.home]
             engine.reserved_tokens -= traj.reserved
             engine.waiting_holds.pop(traj_id, None)
+            self._dirty.add(engine.engine_id)
             if self.settings.policy == "sticky":
                 engine.live_trajectories -= 1
         traj.state = "done"
@@ -304,6 +306,7 @@ class Scheduler:
         if not 0 <= engine_id < len(self.engines):
             raise SchedulerError(f"unknown engine {engine_id}")
         engine = self.engines[engine_id]
+        self._dirty.add(engine_id)
         engine.reported_used_tokens = used_tokens
         engine.reported_running = running
         engine.reported_waiting = waiting
@@ -363,30 +366,40 @@ class Scheduler:
         new trajectories takes no new ones until that turn runs (which may also move)."""
         out: list[Assignment] = []
         room = limit if limit is not None else 1 << 62
-        blocked: dict[int, _Traj] = {}  # engine -> its oldest waiting turn that did not fit
-        for engine in self.engines:
-            queue = self._home_queues[engine.engine_id]
+        blocked = self._heads
+        max_free = self._max_free()
+        for engine_id in sorted(self._dirty):
+            engine = self.engines[engine_id]
+            queue = self._home_queues[engine_id]
+            blocked.pop(engine_id, None)
             skipped: list[tuple[int, str]] = []
             while queue and len(out) < room:
                 item = heapq.heappop(queue)
                 traj = self._trajs.get(item[1])
                 if traj is None or traj.state != "waiting" or traj.home != engine.engine_id:
                     continue  # stale entry
-                assignment = self._place_kv_affinity(traj)
+                fits = self._may_fit(traj, max_free)  # cheap rejection first
+                assignment = self._place_kv_affinity(traj) if fits else None
                 if assignment is not None:
                     out.append(assignment)
+                    max_free = self._max_free()
                     continue
                 skipped.append(item)
                 blocked.setdefault(engine.engine_id, traj)
                 if len(skipped) >= self.settings.max_misfits_per_engine:
                     break
+            if len(out) < room or not queue:  # scanned until it blocked or emptied
+                self._dirty.discard(engine_id)
             for item in skipped:
                 heapq.heappush(queue, item)
+        for engine_id, head in list(blocked.items()):
+            if head.state != "waiting" or head.home != engine_id:
+                del blocked[engine_id]  # placed or finished since
         out.extend(self._place_new(room - len(out), blocked))
         self.stats.peak_waiting = max(
             self.stats.peak_waiting, len(self._queue) + sum(map(len, self._home_queues))
         )
-        for engine_id, head in blocked.items():
+        for engine_id, head in list(blocked.items()):
             if self._release_waiting_holds_for(head, self.engines[engine_id]) and len(out) < room:
                 out.extend(self._schedule_affinity(room - len(out)))
                 break
@@ -462,6 +475,7 @@ class Scheduler:
             return
         if self.settings.policy == "kv_affinity" and traj.home is not None:
             heapq.heappush(self._home_queues[traj.home], (traj.seq, traj.traj_id))
+            self._dirty.add(traj.home)
         else:
             heapq.heappush(self._queue, (traj.seq, traj.traj_id))
         if self.settings.policy == "kv_affinity" and traj.reserved and traj.home is not None:
@@ -481,6 +495,7 @@ class Scheduler:
             del engine.waiting_holds[traj_id]
             engine.reserved_tokens -= tokens
             self._trajs[traj_id].reserved = 0
+        self._dirty.add(engine.engine_id)
         return True
 
     def _smallest_reservation(self, traj: _Traj) -> int:
@@ -624,6 +639,7 @@ class Scheduler:
         if home is not None:
             home.reserved_tokens -= held
             home.waiting_holds.pop(traj.traj_id, None)
+            self._dirty.add(home.engine_id)
         engine.reserved_tokens += need
         traj.reserved = need
         return self._start(traj, engine, segment, need)

@@ -1,7 +1,7 @@
 """Save a benchmark's JSON line into ``perf/results/`` with the hardware and commit it ran on.
 
-    python -m perf.rollout_sim ... | tee out.txt
-    python -m perf.record out.txt rollout-sim-cpu        # writes perf/results/rollout-sim-cpu.json
+python -m perf.rollout_sim ... | tee out.txt
+python -m perf.record out.txt rollout-sim-cpu        # writes perf/results/rollout-sim-cpu.json
 """
 
 from __future__ import annotations

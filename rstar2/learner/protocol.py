@@ -1,0 +1,61 @@
+"""The learner interface the trainer talks to, and the sequences it trains on.
+
+A :class:`TrainSequence` is one trajectory, flattened: ``token_ids`` (prompt + response),
+``loss_mask`` (1 on tokens the policy sampled, 0 on prompt, tool and template tokens),
+``old_logprobs`` (the sampling log-prob of each masked token, 0.0 elsewhere) and its scalar
+``advantage``. Log-probs are aligned with ``token_ids``: entry ``i`` is log p(token_ids[i] |
+token_ids[:i]); entry 0 has no context and is 0.0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class TrainSequence:
+    token_ids: Sequence[int]
+    loss_mask: Sequence[int]
+    old_logprobs: Sequence[float]
+    advantage: float = 0.0
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if n < 2:
+            raise ValueError("a sequence needs at least two tokens")
+        if len(self.loss_mask) != n or len(self.old_logprobs) != n:
+            raise ValueError("token_ids, loss_mask and old_logprobs must have the same length")
+        if self.loss_mask[0]:
+            raise ValueError("the first token has no context: its loss_mask must be 0")
+
+
+class Learner(Protocol):
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken so far."""
+        ...
+
+    def compute_logprobs(self, batch: Sequence[TrainSequence]) -> list[list[float]]:
+        """Per-token log-probs of each sequence under the current weights (no gradient)."""
+        ...
+
+    def train_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
+        """One optimizer step over the whole batch (micro-batches sized by tokens, gradients
+        accumulated); returns its metrics."""
+        ...
+
+    def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+        """The full weights under their HF names, in buckets of at most ``bucket_bytes`` (a
+        single larger tensor is a bucket of its own). Every rank must iterate; only rank 0's
+        buckets hold tensors, other ranks get empty lists."""
+        ...
+
+    def save(self, path: str | Path) -> None:
+        """Model, optimizer, LR schedule, RNG states and step, so :meth:`load` then the next
+        step equals the uninterrupted run's."""
+        ...
+
+    def load(self, path: str | Path) -> None: ...

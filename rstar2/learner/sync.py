@@ -1,0 +1,46 @@
+"""Weight sync: stream the learner's weights to every rollout engine in bounded buckets.
+
+Each bucket (HF names, at most ``bucket_bytes`` unless one tensor is larger) goes to all engines
+before the next is gathered, so the extra memory on the learner side is one bucket. Each engine
+loads a bucket in place and drops its prefix cache (:meth:`Engine.update_weights`); requests in
+flight finish on the weights they started with. This is the single-node path (in-process
+engines, or engines behind the same ``update_weights`` call in Ray actors); a cross-node NCCL
+broadcast group is not implemented yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rstar2.rollout.engine import Engine
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    buckets: int
+    tensors: int
+    bytes: int
+    seconds: float
+    largest_bucket_bytes: int
+
+
+async def sync_weights(learner: Any, engines: Sequence[Engine], bucket_bytes: int) -> SyncStats:
+    """Send ``learner.named_weights(bucket_bytes)`` to every engine, bucket by bucket."""
+    if bucket_bytes < 1:
+        raise ValueError("bucket_bytes must be positive")
+    start = time.perf_counter()
+    buckets = tensors = total = largest = 0
+    for bucket in learner.named_weights(bucket_bytes):
+        if not bucket:  # a rank other than 0: nothing to send
+            continue
+        size = sum(t.numel() * t.element_size() for _, t in bucket)
+        await asyncio.gather(*(engine.update_weights(bucket) for engine in engines))
+        buckets += 1
+        tensors += len(bucket)
+        total += size
+        largest = max(largest, size)
+    return SyncStats(buckets, tensors, total, time.perf_counter() - start, largest)

@@ -1,0 +1,290 @@
+"""The torch learner: a transformers causal LM (Qwen3 / Qwen2 from an HF folder), FSDP2 when
+several ranks run it (``torchrun``; gloo on CPU, NCCL/RCCL on GPU).
+
+- Sequences are packed into rows of at most ``micro_batch_tokens`` tokens with per-sequence
+  position ids (:mod:`rstar2.learner.packing`); gradients accumulate over the micro-batches and
+  one AdamW step (linear warm-up, global grad-norm clip) follows.
+- The loss is :func:`rstar2.algo.loss.policy_loss`, aggregated exactly as over the whole batch
+  (across micro-batches and ranks), whatever the micro-batch split.
+- Parameters and optimizer state are fp32; on GPU the forward runs under bf16 autocast.
+- Checkpoints use torch.distributed.checkpoint (sharded under FSDP2) plus each rank's RNG
+  states, LR schedule and step: load then train equals the uninterrupted run bit for bit on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rstar2.algo.loss import LossSettings, policy_loss
+from rstar2.learner.packing import MicroBatch, pack, plan, unpack
+from rstar2.learner.protocol import TrainSequence
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchLearnerSettings:
+    model_path: str
+    lr: float = 1e-6
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip_norm: float = 1.0
+    micro_batch_tokens: int = 16384
+    activation_checkpointing: bool = False
+    loss: LossSettings = field(default_factory=LossSettings)
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    seed: int = 0
+
+
+class TorchLearner:
+    """See the module docstring. Under torchrun, call after ``dist.init_process_group``."""
+
+    def __init__(self, settings: TorchLearnerSettings) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.settings = settings
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.device = _pick_device(settings.device, self.rank)
+        torch.manual_seed(settings.seed)
+        model = AutoModelForCausalLM.from_pretrained(
+            settings.model_path, dtype=torch.float32, attn_implementation="sdpa"
+        )
+        model.config.use_cache = False
+        if settings.activation_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        model.to(self.device)  # type: ignore[arg-type]  # transformers' typed wrapper
+        if self.world > 1:
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in model.model.layers:
+                fully_shard(layer)
+            fully_shard(model)
+        self.model = model
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=settings.lr,
+            betas=settings.betas,
+            weight_decay=settings.weight_decay,
+        )
+        warmup = settings.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
+        self._step = 0
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    # ---- forward ----
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _token_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """log p(target) at every position of the packed row (0 where nothing is predicted)."""
+        with self._autocast():
+            out = self.model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False)
+        logits = out.logits[0].float()
+        targets = mb.targets[0]
+        chosen = logits.gather(-1, targets[:, None]).squeeze(-1)
+        return (chosen - torch.logsumexp(logits, dim=-1)) * mb.valid[0]
+
+    def compute_logprobs(self, batch: Sequence[TrainSequence]) -> list[list[float]]:
+        groups = plan([len(s.token_ids) for s in batch], self.settings.micro_batch_tokens)
+        rounds = self._max_over_ranks(len(groups))
+        out: list[list[float]] = [[] for _ in batch]
+        self.model.eval()
+        with torch.no_grad():
+            for r in range(rounds):
+                mb = pack(batch, groups[min(r, len(groups) - 1)]).to(self.device)
+                lp = self._token_logprobs(mb)  # every rank runs each round (FSDP collectives)
+                if r < len(groups):
+                    for i, values in zip(mb.indices, unpack(lp, mb.lengths), strict=True):
+                        out[i] = values
+        return out
+
+    # ---- the update ----
+
+    def train_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
+        if not batch:
+            raise ValueError("an empty batch")
+        s = self.settings
+        groups = plan([len(x.token_ids) for x in batch], s.micro_batch_tokens)
+        per_seq = s.loss.loss_agg_mode != "token-mean"
+        local = float(len(batch)) if per_seq else float(sum(sum(x.loss_mask) for x in batch))
+        total = self._sum_over_ranks(local)
+        rounds = self._max_over_ranks(len(groups))
+        self.model.train()
+        sums: dict[str, float] = {}
+        tokens = 0
+        for r in range(rounds):
+            real = r < len(groups)
+            mb = pack(batch, groups[min(r, len(groups) - 1)]).to(self.device)
+            sync = getattr(self.model, "set_requires_gradient_sync", None)  # FSDP2 only
+            if sync is not None:
+                sync(r == rounds - 1)
+            lp = self._token_logprobs(mb)
+            loss, metrics = self._micro_loss(mb, lp)
+            share = (len(mb.indices) if per_seq else float(mb.loss_mask.sum())) / max(total, 1.0)
+            weight = share * self.world if real else 0.0  # FSDP averages gradients over ranks
+            (loss * weight).backward()
+            if real:
+                tokens += mb.num_tokens
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v * share
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip_norm)
+        full_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        lr = float(self.scheduler.get_last_lr()[0])
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._step += 1
+        metrics = {k: self._sum_over_ranks(v) for k, v in sums.items()}
+        metrics |= {
+            "grad_norm": float(full_norm.item()),
+            "lr": lr,
+            "tokens": self._sum_over_ranks(float(tokens)),
+            "step": float(self._step),
+        }
+        return metrics
+
+    def _micro_loss(
+        self, mb: MicroBatch, lp: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        args = (lp[None], mb.old_logprobs, mb.advantages, mb.loss_mask)
+        if self.settings.loss.loss_agg_mode != "token-mean":  # rows = sequences
+            args = tuple(_rows(t.reshape(-1), mb.lengths) for t in args)  # type: ignore[assignment]
+        return policy_loss(*args, self.settings.loss)
+
+    # ---- weights and checkpoints ----
+
+    def named_weights(
+        self, bucket_bytes: int, dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, Any]]]:
+        """Buckets of whole units: a decoder layer (``model.layers.N.*``) or another module.
+        Engines fuse a layer's projections (q/k/v, gate/up) and cannot load part of one, so a
+        unit larger than ``bucket_bytes`` is a bucket of its own."""
+        bucket: list[tuple[str, Any]] = []
+        size = 0
+        for unit in self._units(dtype):
+            nbytes = sum(t.numel() * t.element_size() for _, t in unit)
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.extend(unit)
+            size += nbytes
+        if bucket or self.rank != 0:
+            yield bucket
+
+    def _units(self, dtype: torch.dtype | None) -> Iterator[list[tuple[str, Any]]]:
+        unit: list[tuple[str, Any]] = []
+        key = None
+        for name, tensor in self.model.state_dict().items():
+            if hasattr(tensor, "full_tensor"):  # an FSDP2 shard: gather (every rank takes part)
+                tensor = tensor.full_tensor()
+            if self.rank != 0:
+                continue
+            this = _unit_of(name)
+            if unit and this != key:
+                yield unit
+                unit = []
+            key = this
+            unit.append((name, tensor.detach() if dtype is None else tensor.detach().to(dtype)))
+        if unit:
+            yield unit
+
+    def save(self, path: str | Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+        extra = {
+            "step": self._step,
+            "scheduler": self.scheduler.state_dict(),
+            "rng_torch": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "rng_python": random.getstate(),
+            "world": self.world,
+        }
+        torch.save(extra, folder / f"extra-rank{self.rank}.pt")
+
+    def load(self, path: str | Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        folder = Path(path)
+        extra_path = folder / f"extra-rank{self.rank}.pt"
+        if not extra_path.is_file():
+            raise FileNotFoundError(f"{folder} is not a learner checkpoint for rank {self.rank}")
+        extra = torch.load(extra_path, weights_only=False)
+        if extra["world"] != self.world:
+            raise ValueError(f"{folder} was saved by {extra['world']} ranks, not {self.world}")
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))  # in place
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd
+        )
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self._step = int(extra["step"])
+        torch.set_rng_state(extra["rng_torch"])
+        if extra["rng_cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(extra["rng_cuda"])
+        random.setstate(extra["rng_python"])
+
+    # ---- collectives (no-ops on one rank) ----
+
+    def _sum_over_ranks(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self._comm_device())
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def _max_over_ranks(self, value: int) -> int:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self._comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _comm_device(self) -> torch.device:
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _unit_of(name: str) -> str:
+    """``model.layers.3.mlp.up_proj.weight`` -> ``model.layers.3``; else the owning module."""
+    parts = name.split(".")
+    if "layers" in parts:
+        i = parts.index("layers")
+        if i + 1 < len(parts) and parts[i + 1].isdigit():
+            return ".".join(parts[: i + 2])
+    return ".".join(parts[:-1])
+
+
+def _rows(flat: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+    """A packed row back to one zero-padded row per sequence (``[sequences, longest]``)."""
+    return torch.nn.utils.rnn.pad_sequence(list(torch.split(flat, list(lengths))), batch_first=True)
+
+
+def _pick_device(choice: str, rank: int) -> torch.device:
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    index = rank % max(torch.cuda.device_count(), 1)
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)

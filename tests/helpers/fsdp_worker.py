@@ -1,0 +1,48 @@
+"""Run under torchrun with 2 ranks (gloo): FSDP2 training, sharded save / load, weights out.
+
+    torchrun --nproc_per_node 2 -m tests.helpers.fsdp_worker MODEL_DIR OUT_DIR
+
+Each rank trains on its half of the batch of tests.helpers.learner_data.random_batch(8, seed=1):
+two steps, a sharded checkpoint after the first, then a fresh learner loads it and repeats the
+second step. Rank 0 writes both runs' final weights to OUT_DIR.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
+from tests.helpers.learner_data import random_batch
+
+
+def main() -> None:
+    model_dir, out = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batch = random_batch(8, seed=1)
+    mine = batch[rank::world]
+    settings = TorchLearnerSettings(
+        model_path=model_dir, lr=1e-2, warmup_steps=0, micro_batch_tokens=64, device="cpu"
+    )
+    learner = TorchLearner(settings)
+    learner.train_step(mine)
+    learner.save(out / "ckpt")
+    second = learner.train_step(mine)
+    full = {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}
+    resumed = TorchLearner(settings)
+    resumed.load(out / "ckpt")
+    again = resumed.train_step(mine)
+    full_again = {n: t.clone() for bucket in resumed.named_weights(1 << 20) for n, t in bucket}
+    if rank == 0:
+        torch.save({"weights": full, "metrics": second}, out / "run.pt")
+        torch.save({"weights": full_again, "metrics": again}, out / "resumed.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

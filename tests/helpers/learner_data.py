@@ -1,0 +1,27 @@
+"""A tiny model and random packed-training batches for the learner tests."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from rstar2.learner.protocol import TrainSequence
+from rstar2.tiny import build_tiny_model
+
+
+def tiny_model(out_dir: Path) -> Path:
+    build_tiny_model(out_dir, ["the quick brown fox jumps over the lazy dog"] * 20, hidden_size=64)
+    return out_dir
+
+
+def random_batch(n: int, seed: int, vocab: int = 200) -> list[TrainSequence]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        length = rng.randint(8, 48)
+        ids = [rng.randint(5, vocab) for _ in range(length)]
+        prompt = rng.randint(2, length - 2)
+        mask = [0] * prompt + [1] * (length - prompt)
+        old = [0.0] + [-rng.uniform(3.0, 6.0) if m else 0.0 for m in mask[1:]]
+        out.append(TrainSequence(ids, mask, old, advantage=rng.choice([-1.0, 0.5, 1.0])))
+    return out

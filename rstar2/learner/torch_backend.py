@@ -40,29 +40,34 @@ class TorchLearnerSettings:
     activation_checkpointing: bool = False
     loss: LossSettings = field(default_factory=LossSettings)
     device: str = "auto"  # "auto": cuda when available, else cpu
+    bf16_autocast: bool = True  # on GPU; parameters and optimizer state stay fp32
     seed: int = 0
 
 
 class TorchLearner:
     """See the module docstring. Under torchrun, call after ``dist.init_process_group``."""
 
-    def __init__(self, settings: TorchLearnerSettings) -> None:
+    def __init__(self, settings: TorchLearnerSettings, model: Any = None) -> None:
+        """``model``: an already built transformers causal LM (fp32) to train instead of
+        loading ``settings.model_path`` (benchmarks build random-init models this way)."""
         from transformers import AutoModelForCausalLM
 
         self.settings = settings
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.device = _pick_device(settings.device, self.rank)
+        self.bf16_autocast = settings.bf16_autocast  # may be switched off, e.g. for parity runs
         torch.manual_seed(settings.seed)
-        model = AutoModelForCausalLM.from_pretrained(
-            settings.model_path, dtype=torch.float32, attn_implementation="sdpa"
-        )
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(
+                settings.model_path, dtype=torch.float32, attn_implementation="sdpa"
+            )
         model.config.use_cache = False
         if settings.activation_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
-        model.to(self.device)  # type: ignore[arg-type]  # transformers' typed wrapper
+        model.to(self.device)
         if self.world > 1:
             from torch.distributed.fsdp import fully_shard
 
@@ -89,7 +94,7 @@ class TorchLearner:
     # ---- forward ----
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.bf16_autocast:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

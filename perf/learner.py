@@ -48,11 +48,11 @@ TINY = {
 }
 
 
-def build_model(shape: dict[str, Any]) -> Any:
+def build_model(shape: dict[str, Any], attn: str) -> Any:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(**shape)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = attn
     torch.manual_seed(0)
     return Qwen3ForCausalLM(config).float()
 
@@ -98,7 +98,7 @@ def flops_per_token(model: Any, seq_len: int) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     shape = QWEN3_1_7B if device.type == "cuda" else TINY
-    model = build_model(shape)
+    model = build_model(shape, args.attn)
     settings = TorchLearnerSettings(
         model_path="(in memory)",
         lr=1e-6,
@@ -143,6 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if device.type == "cuda"
         else None,
         "activation_checkpointing": args.activation_checkpointing,
+        "attn_implementation": args.attn,
         "commit": os.environ.get("RSTAR2_COMMIT", ""),
     }
     if args.parity:
@@ -195,10 +196,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--parity", action="store_true", help="also bf16 vs fp32 log-probs")
+    parser.add_argument("--attn", default=None, choices=["sdpa", "flex_attention", "eager"])
     args = parser.parse_args(argv)
     cuda = args.device == "cuda"
     args.tokens = args.tokens or (8192 if cuda else 2048)
     args.seq_len = args.seq_len or (1024 if cuda else 256)
+    args.attn = args.attn or ("flex_attention" if cuda else "sdpa")  # the learner's "auto"
     return run(args)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -154,14 +155,25 @@ def test_fsdp2_on_two_gloo_ranks_matches_one_process(model_dir: Path, tmp_path: 
     """2 ranks, each on half the batch, equal one process on all of it; a sharded checkpoint
     resumes bit-identically."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--standalone", "-m", "tests.helpers.fsdp_worker", str(model_dir), str(tmp_path),
-        ],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+        "-m", "tests.helpers.fsdp_worker", str(model_dir), str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, text=True, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    try:
+        _, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # torchrun stops its ranks (own sessions) on SIGTERM
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        raise
+    assert proc.returncode == 0, stderr[-3000:]
     run = torch.load(tmp_path / "run.pt", weights_only=False)
     resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
     assert run["metrics"] == resumed["metrics"]

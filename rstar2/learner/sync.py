@@ -3,9 +3,10 @@
 Each bucket (HF names, at most ``bucket_bytes`` unless one tensor is larger) goes to all engines
 before the next is gathered, so the extra memory on the learner side is one bucket. Each engine
 loads a bucket in place and drops its prefix cache (:meth:`Engine.update_weights`); requests in
-flight finish on the weights they started with. This is the single-node path (in-process
-engines, or engines behind the same ``update_weights`` call in Ray actors); a cross-node NCCL
-broadcast group is not implemented yet.
+flight finish on the weights they started with. Engines may be in-process
+(:class:`~rstar2.rollout.vllm_engine.VLLMEngine`) or in Ray actors
+(:class:`~rstar2.rollout.ray_engine.RayEngine`: buckets travel through Ray's object store). A
+NCCL/RCCL broadcast group from learner rank 0 straight into engine GPUs is not implemented yet.
 """
 
 from __future__ import annotations

@@ -1,0 +1,105 @@
+"""A vLLM engine inside a Ray actor, behind the :class:`~rstar2.rollout.engine.Engine` protocol.
+
+``RayEngine.create(config)`` starts an :class:`EngineActor` (an async Ray actor hosting a
+:class:`~rstar2.rollout.vllm_engine.VLLMEngine`) on whatever node Ray places it and returns a
+client whose ``generate`` / ``update_weights`` are actor calls; weight buckets travel through
+Ray's object store. ``kv_stats()`` is synchronous in the protocol, so the client keeps the
+actor's latest stats, refreshed every ``stats_interval_s`` by a background task. Needs a running
+``ray.init()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rstar2.rollout.engine import Generation, KVStats, SamplingSettings
+from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+
+class EngineActor:
+    """The actor body (wrapped with ``ray.remote`` by :meth:`RayEngine.create`)."""
+
+    def __init__(self) -> None:
+        self._engine: VLLMEngine | None = None
+
+    async def start(self, config: VLLMEngineConfig) -> dict[str, int]:
+        self._engine = await VLLMEngine.create(config)
+        return {"block_size": self._engine.block_size}
+
+    def _get(self) -> VLLMEngine:
+        if self._engine is None:
+            raise RuntimeError("the engine actor was not started")
+        return self._engine
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingSettings) -> Generation:
+        return await self._get().generate(prompt_ids, sampling)
+
+    def kv_stats(self) -> KVStats:
+        return self._get().kv_stats()
+
+    async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> None:
+        await self._get().update_weights(named_tensors)
+
+    async def weight_checksum(self) -> str:
+        return await self._get().weight_checksum()
+
+    def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+
+class RayEngine:
+    """Client of one :class:`EngineActor`; satisfies the Engine protocol."""
+
+    def __init__(self, actor: Any, block_size: int, stats: KVStats, interval_s: float) -> None:
+        self._actor = actor
+        self.block_size = block_size
+        self._stats = stats
+        self._interval_s = interval_s
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+
+    @classmethod
+    async def create(
+        cls,
+        config: VLLMEngineConfig,
+        *,
+        num_cpus: float = 1,
+        num_gpus: float = 0,
+        stats_interval_s: float = 0.05,
+    ) -> RayEngine:
+        import ray
+
+        remote: Any = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(EngineActor)
+        actor = remote.remote()
+        info = await actor.start.remote(config)
+        stats = await actor.kv_stats.remote()
+        return cls(actor, int(info["block_size"]), stats, stats_interval_s)
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingSettings) -> Generation:
+        result: Generation = await self._actor.generate.remote(list(prompt_ids), sampling)
+        return result
+
+    def kv_stats(self) -> KVStats:
+        return self._stats
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        await self._actor.update_weights.remote(list(named_tensors))
+
+    async def weight_checksum(self) -> str:
+        checksum: str = await self._actor.weight_checksum.remote()
+        return checksum
+
+    async def shutdown(self) -> None:
+        self._refresher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._refresher
+        await self._actor.shutdown.remote()
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            self._stats = await self._actor.kv_stats.remote()

@@ -49,8 +49,8 @@ async def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         max_response_tokens=args.max_tokens,
         temperature=args.temperature,
     )
-    engine, closer = await _engine(args, tokenizer_path)
-    sandbox, sandbox_close = await _sandbox(args)
+    engine, closer = await open_engine(args, tokenizer_path, args.max_model_len)
+    sandbox, sandbox_close = await open_sandbox(args)
     color = out.isatty()
 
     def show(event: str, text: str) -> None:
@@ -89,7 +89,10 @@ def _interactive() -> Any:
             yield line
 
 
-async def _engine(args: argparse.Namespace, tokenizer_path: str) -> tuple[Engine, Any]:
+async def open_engine(
+    args: argparse.Namespace, tokenizer_path: str, max_model_len: int
+) -> tuple[Engine, Any]:
+    """The engine ``--model`` / ``--server`` name, and an async close function."""
     if args.server:
         from rstar2.rollout.openai_engine import OpenAIServerEngine
 
@@ -98,7 +101,7 @@ async def _engine(args: argparse.Namespace, tokenizer_path: str) -> tuple[Engine
     from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
 
     local = await VLLMEngine.create(
-        VLLMEngineConfig(model_path=args.model, max_model_len=args.max_model_len, dtype=args.dtype)
+        VLLMEngineConfig(model_path=args.model, max_model_len=max_model_len, dtype=args.dtype)
     )
 
     async def close() -> None:
@@ -107,7 +110,8 @@ async def _engine(args: argparse.Namespace, tokenizer_path: str) -> tuple[Engine
     return local, close
 
 
-async def _sandbox(args: argparse.Namespace) -> tuple[Sandbox, Any]:
+async def open_sandbox(args: argparse.Namespace) -> tuple[Sandbox, Any]:
+    """The sandbox ``--sandbox-url`` names (else an embedded pool), and an async close."""
     if args.sandbox_url:
         from sandbox_pool.client import SandboxClient
 

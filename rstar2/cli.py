@@ -77,6 +77,12 @@ def _build_parser() -> argparse.ArgumentParser:
     add_chat_arguments(chat)
     chat.set_defaults(handler=_cmd_chat)
 
+    ev = sub.add_parser("eval", help="avg@n / pass@k of a model on a benchmark, with the tool")
+    from rstar2.eval import add_arguments as add_eval_arguments
+
+    add_eval_arguments(ev)
+    ev.set_defaults(handler=_cmd_eval)
+
     demo = sub.add_parser(
         "demo",
         help="the embedded CPU job: resolve the config into a run folder, prepare its data, "
@@ -153,6 +159,14 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from rstar2.chat import run_chat
 
     return asyncio.run(run_chat(args))
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rstar2.eval import run_eval_command
+
+    return asyncio.run(run_eval_command(args))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -77,6 +77,12 @@ def _build_parser() -> argparse.ArgumentParser:
     add_chat_arguments(chat)
     chat.set_defaults(handler=_cmd_chat)
 
+    sft = sub.add_parser("sft", help="supervised cold start on tool-call conversations")
+    _add_config_args(sft)
+    sft.add_argument("--run-dir", type=Path, help="run folder (default: RUNS_DIR/NAME-sft-TIME)")
+    sft.add_argument("--quiet", action="store_true", help="no progress bar")
+    sft.set_defaults(handler=_cmd_sft)
+
     ev = sub.add_parser("eval", help="avg@n / pass@k of a model on a benchmark, with the tool")
     from rstar2.eval import add_arguments as add_eval_arguments
 
@@ -159,6 +165,26 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from rstar2.chat import run_chat
 
     return asyncio.run(run_chat(args))
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    import time
+
+    from rstar2.config_io import load_config, write_resolved_config
+    from rstar2.sft import run_sft
+
+    cfg = load_config(args.config, args.overrides)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = args.run_dir or Path(cfg.runs_dir) / f"{cfg.name}-sft-{stamp}"
+    write_resolved_config(cfg, run_dir)
+    summary = run_sft(cfg, run_dir, quiet=args.quiet)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(
+        f"sft: {summary['steps']} steps on {summary['conversations']} conversations "
+        f"({summary['skipped_too_long']} too long), nll {summary['first_nll']:.3f} -> "
+        f"{summary['last_nll']:.3f}; model in {summary['model_dir']}"
+    )
+    return 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

@@ -257,6 +257,21 @@ class EvalConfig(_Section):
     max_turns: int = Field(30, ge=1, description="Assistant turns per eval trajectory.")
 
 
+class SftConfig(_Section):
+    data: list[str] = Field(
+        default_factory=list,
+        description='JSONL files of conversations: one {"messages": [...]} per line, roles '
+        "user / assistant / tool (assistant turns hold the <tool_call> blocks).",
+    )
+    num_epochs: int = Field(1, ge=1, description="Passes over the conversations.")
+    batch_num_sequences: int = Field(32, ge=1, description="Conversations per optimizer step.")
+    lr: float = Field(1e-5, gt=0.0, description="AdamW peak learning rate for SFT.")
+    warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps.")
+    max_seq_tokens: int = Field(
+        16384, ge=16, description="Longer conversations (after templating) are skipped and counted."
+    )
+
+
 class CheckpointConfig(_Section):
     every_steps: int = Field(20, ge=0, description="Checkpoint every N RL steps (0: only at end).")
     keep_last: int = Field(3, ge=1, description="Checkpoints kept on disk; older ones are deleted.")
@@ -305,6 +320,7 @@ class Config(_Section):
         min_length=1,
         description="RL stages, run in order.",
     )
+    sft: SftConfig = Field(default_factory=SftConfig, description="Supervised cold start.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Periodic evaluation.")
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpointing."

@@ -47,6 +47,14 @@ class Learner(Protocol):
         accumulated); returns its metrics."""
         ...
 
+    def sft_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
+        """One optimizer step of supervised learning on the tokens where ``loss_mask`` is 1."""
+        ...
+
+    def export_hf(self, folder: str | Path) -> None:
+        """The full weights as an HF model folder (what engines and ``sft`` outputs load)."""
+        ...
+
     def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
         """The full weights under their HF names, in buckets of at most ``bucket_bytes`` (a
         single larger tensor is a bucket of its own). Every rank must iterate; only rank 0's

@@ -171,6 +171,56 @@ class TorchLearner:
         }
         return metrics
 
+    def sft_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
+        """One optimizer step of supervised learning: the mean negative log-likelihood of the
+        tokens where ``loss_mask`` is 1 (over the whole batch, across micro-batches and ranks)."""
+        if not batch:
+            raise ValueError("an empty batch")
+        groups = plan([len(x.token_ids) for x in batch], self.settings.micro_batch_tokens)
+        total = self._sum_over_ranks(float(sum(sum(x.loss_mask) for x in batch)))
+        rounds = self._max_over_ranks(len(groups))
+        self.model.train()
+        nll_sum = 0.0
+        for r in range(rounds):
+            real = r < len(groups)
+            mb = pack(batch, groups[min(r, len(groups) - 1)]).to(self.device)
+            sync = getattr(self.model, "set_requires_gradient_sync", None)
+            if sync is not None:
+                sync(r == rounds - 1)
+            lp = self._token_logprobs(mb)
+            nll = -(lp * mb.loss_mask[0]).sum()
+            weight = self.world / max(total, 1.0) if real else 0.0
+            (nll * weight).backward()
+            if real:
+                nll_sum += float(nll.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.settings.grad_clip_norm
+        )
+        full_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        lr = float(self.scheduler.get_last_lr()[0])
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._step += 1
+        return {
+            "nll": self._sum_over_ranks(nll_sum) / max(total, 1.0),
+            "grad_norm": float(full_norm.item()),
+            "lr": lr,
+            "loss_tokens": total,
+            "step": float(self._step),
+        }
+
+    def export_hf(self, folder: str | Path) -> None:
+        """Write the full model as an HF folder (rank 0 writes; every rank must call)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.model, options=options)
+        if self.rank == 0:
+            self.model.save_pretrained(str(folder), state_dict=state, safe_serialization=True)
+        if self.world > 1:
+            dist.barrier()
+
     def _micro_loss(
         self, mb: MicroBatch, lp: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -21,19 +21,24 @@ _COLORS = {"assistant": "", "tool_call": "\033[36m", "tool_result": "\033[33m"}
 _LABELS = {"assistant": "assistant", "tool_call": "tool call", "tool_result": "tool result"}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_service_arguments(p: argparse.ArgumentParser) -> None:
+    """Which engine and sandbox to use (``rstar2 chat`` and ``rstar2 eval``)."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="HF model folder, served in-process by vLLM")
     src.add_argument("--server", help="URL of a running OpenAI-compatible vLLM server")
     p.add_argument("--served-model-name", help="model name on the server (default: --tokenizer)")
     p.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
+    p.add_argument("--dtype", default="auto", help="in-process engine dtype (float32 on CPU)")
+    p.add_argument("--sandbox-url", help="sandbox-pool server (default: an embedded pool)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_service_arguments(p)
     p.add_argument("--prompt", help="one question, then exit (default: interactive)")
     p.add_argument("--max-tokens", type=int, default=8192, help="token budget per answer")
     p.add_argument("--max-turns", type=int, default=10, help="assistant turns per answer")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--max-model-len", type=int, default=16384, help="in-process engine context")
-    p.add_argument("--dtype", default="auto", help="in-process engine dtype (float32 on CPU)")
-    p.add_argument("--sandbox-url", help="sandbox-pool server (default: an embedded pool)")
 
 
 async def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:

@@ -191,11 +191,9 @@ def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="HF model folder, served in-process by vLLM")
-    src.add_argument("--server", help="URL of a running OpenAI-compatible vLLM server")
-    p.add_argument("--served-model-name", help="model name on the server (default: --tokenizer)")
-    p.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
+    from rstar2.chat import add_service_arguments
+
+    add_service_arguments(p)
     p.add_argument("--dataset", required=True, help="aime24|aime25|hmmt25|math500 or a file")
     p.add_argument("--n", type=int, default=16, help="samples per problem")
     p.add_argument("--temperature", type=float, default=0.6)
@@ -206,8 +204,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="report folder (default: runs/eval-DATASET-TIME)")
     p.add_argument("--max-model-len", type=int, help="engine context (default: budget + 4096)")
-    p.add_argument("--dtype", default="auto", help="in-process engine dtype (float32 on CPU)")
-    p.add_argument("--sandbox-url", help="sandbox-pool server (default: an embedded pool)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -12,11 +12,11 @@ import pytest_asyncio
 
 from rstar2.agent.loop import AgentSettings, run_trajectory
 from rstar2.agent.template import ChatTemplate
-from rstar2.agent.tools import tool_schema
 from rstar2.reward import RewardScorer
 from rstar2.rollout.engine import Generation, SamplingSettings
 from sandbox_pool import PoolConfig, SandboxPool
 from tests.helpers.tool_model import SCRIPTS
+from tests.helpers.vllm_setup import engine_config, tool_template
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed"),
@@ -32,18 +32,9 @@ def model_dir(tool_model_dir) -> Path:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(model_dir):
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(model_dir.parent / "vllm-cache"))
-    from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from rstar2.rollout.vllm_engine import VLLMEngine
 
-    eng = await VLLMEngine.create(
-        VLLMEngineConfig(
-            model_path=str(model_dir),
-            dtype="float32",
-            max_model_len=1024,
-            enforce_eager=True,
-            num_gpu_blocks_override=512,
-        )
-    )
+    eng = await VLLMEngine.create(engine_config(model_dir, blocks=512))
     yield eng
     eng.shutdown()
 
@@ -56,9 +47,7 @@ async def sandbox():
 
 @pytest.fixture(scope="module")
 def template(model_dir) -> ChatTemplate:
-    from transformers import AutoTokenizer
-
-    return ChatTemplate(AutoTokenizer.from_pretrained(model_dir), tools=(tool_schema(),))
+    return tool_template(model_dir)
 
 
 class Recording:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -16,11 +15,11 @@ import pytest_asyncio
 
 from rstar2.agent.loop import AgentSettings, Trajectory, run_trajectory
 from rstar2.agent.template import ChatTemplate
-from rstar2.agent.tools import tool_schema
 from rstar2.rollout.dispatch import Dispatcher, run_scheduled
 from sandbox_pool import PoolConfig, SandboxPool
 from scheduler.core import Policy, SchedulerSettings
 from tests.helpers.tool_model import SCRIPTS
+from tests.helpers.vllm_setup import engine_config, tool_template
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed"),
@@ -34,16 +33,9 @@ NUM_TRAJECTORIES = 24
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engines(tool_model_dir: Path):
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tool_model_dir.parent / "vllm-cache"))
-    from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from rstar2.rollout.vllm_engine import VLLMEngine
 
-    config = VLLMEngineConfig(
-        model_path=str(tool_model_dir),
-        dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        enforce_eager=True,
-        num_gpu_blocks_override=KV_BLOCKS,
-    )
+    config = engine_config(tool_model_dir, blocks=KV_BLOCKS, max_model_len=MAX_MODEL_LEN)
     pair = [await VLLMEngine.create(config), await VLLMEngine.create(config)]
     yield pair
     for eng in pair:
@@ -58,9 +50,7 @@ async def sandbox():
 
 @pytest.fixture(scope="module")
 def template(tool_model_dir: Path) -> ChatTemplate:
-    from transformers import AutoTokenizer
-
-    return ChatTemplate(AutoTokenizer.from_pretrained(tool_model_dir), tools=(tool_schema(),))
+    return tool_template(tool_model_dir)
 
 
 async def _rollout(

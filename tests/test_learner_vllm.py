@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,12 @@ import pytest_asyncio
 
 from rstar2.agent.loop import AgentSettings, Trajectory, run_trajectory
 from rstar2.agent.template import ChatTemplate
-from rstar2.agent.tools import tool_schema
 from rstar2.learner.protocol import TrainSequence
 from rstar2.learner.sync import sync_weights
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 from sandbox_pool import PoolConfig, SandboxPool
 from tests.helpers.tool_model import SCRIPTS
+from tests.helpers.vllm_setup import engine_config, tool_template
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed"),
@@ -30,18 +29,9 @@ SAMPLED = AgentSettings(max_turns=3, max_response_tokens=300, temperature=1.0, s
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(tool_model_dir: Path):
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tool_model_dir.parent / "vllm-cache"))
-    from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from rstar2.rollout.vllm_engine import VLLMEngine
 
-    eng = await VLLMEngine.create(
-        VLLMEngineConfig(
-            model_path=str(tool_model_dir),
-            dtype="float32",
-            max_model_len=1024,
-            enforce_eager=True,
-            num_gpu_blocks_override=128,
-        )
-    )
+    eng = await VLLMEngine.create(engine_config(tool_model_dir, blocks=128))
     yield eng
     eng.shutdown()
 
@@ -54,9 +44,7 @@ async def sandbox():
 
 @pytest.fixture(scope="module")
 def template(tool_model_dir: Path) -> ChatTemplate:
-    from transformers import AutoTokenizer
-
-    return ChatTemplate(AutoTokenizer.from_pretrained(tool_model_dir), tools=(tool_schema(),))
+    return tool_template(tool_model_dir)
 
 
 async def _sample(engine, sandbox, template: ChatTemplate, n: int) -> list[Trajectory]:

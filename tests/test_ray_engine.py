@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from rstar2.agent.loop import AgentSettings
-from rstar2.agent.template import ChatTemplate
-from rstar2.agent.tools import tool_schema
 from rstar2.learner.protocol import TrainSequence
 from rstar2.learner.sync import sync_weights
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
@@ -21,6 +18,7 @@ from rstar2.rollout.dispatch import Dispatcher, run_scheduled
 from sandbox_pool import PoolConfig, SandboxPool
 from scheduler.core import SchedulerSettings
 from tests.helpers.tool_model import SCRIPTS
+from tests.helpers.vllm_setup import engine_config, tool_template
 
 pytestmark = [
     pytest.mark.skipif(
@@ -36,19 +34,10 @@ async def ray_engine(tool_model_dir: Path):
     import ray
 
     from rstar2.rollout.ray_engine import RayEngine
-    from rstar2.rollout.vllm_engine import VLLMEngineConfig
 
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tool_model_dir.parent / "vllm-cache"))
+    config = engine_config(tool_model_dir, blocks=128)  # sets VLLM_CACHE_ROOT before ray starts
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    engine = await RayEngine.create(
-        VLLMEngineConfig(
-            model_path=str(tool_model_dir),
-            dtype="float32",
-            max_model_len=1024,
-            enforce_eager=True,
-            num_gpu_blocks_override=128,
-        )
-    )
+    engine = await RayEngine.create(config)
     yield engine
     await engine.shutdown()
     ray.shutdown()
@@ -61,9 +50,7 @@ async def sandbox():
 
 
 async def test_dispatcher_and_weight_sync_through_ray(ray_engine, sandbox, tool_model_dir: Path):
-    from transformers import AutoTokenizer
-
-    template = ChatTemplate(AutoTokenizer.from_pretrained(tool_model_dir), tools=(tool_schema(),))
+    template = tool_template(tool_model_dir)
     greedy = AgentSettings(max_turns=3, max_response_tokens=300, temperature=0.0)
     ids = template.encode_prompt([{"role": "user", "content": SCRIPTS[0].problem}])
     settings = SchedulerSettings(policy="kv_affinity", block_size_tokens=ray_engine.block_size)

@@ -129,23 +129,12 @@ class TorchLearner:
     # ---- the update ----
 
     def train_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
-        if not batch:
-            raise ValueError("an empty batch")
-        s = self.settings
-        groups = plan([len(x.token_ids) for x in batch], s.micro_batch_tokens)
-        per_seq = s.loss.loss_agg_mode != "token-mean"
+        per_seq = self.settings.loss.loss_agg_mode != "token-mean"
         local = float(len(batch)) if per_seq else float(sum(sum(x.loss_mask) for x in batch))
         total = self._sum_over_ranks(local)
-        rounds = self._max_over_ranks(len(groups))
-        self.model.train()
         sums: dict[str, float] = {}
         tokens = 0
-        for r in range(rounds):
-            real = r < len(groups)
-            mb = pack(batch, groups[min(r, len(groups) - 1)]).to(self.device)
-            sync = getattr(self.model, "set_requires_gradient_sync", None)  # FSDP2 only
-            if sync is not None:
-                sync(r == rounds - 1)
+        for mb, real in self._micro_batches(batch):
             lp = self._token_logprobs(mb)
             loss, metrics = self._micro_loss(mb, lp)
             share = (len(mb.indices) if per_seq else float(mb.loss_mask.sum())) / max(total, 1.0)
@@ -155,44 +144,40 @@ class TorchLearner:
                 tokens += mb.num_tokens
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v * share
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip_norm)
-        full_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        lr = float(self.scheduler.get_last_lr()[0])
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self._step += 1
         metrics = {k: self._sum_over_ranks(v) for k, v in sums.items()}
-        metrics |= {
-            "grad_norm": float(full_norm.item()),
-            "lr": lr,
-            "tokens": self._sum_over_ranks(float(tokens)),
-            "step": float(self._step),
-        }
-        return metrics
+        return metrics | self._apply_update() | {"tokens": self._sum_over_ranks(float(tokens))}
 
     def sft_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
         """One optimizer step of supervised learning: the mean negative log-likelihood of the
         tokens where ``loss_mask`` is 1 (over the whole batch, across micro-batches and ranks)."""
-        if not batch:
-            raise ValueError("an empty batch")
-        groups = plan([len(x.token_ids) for x in batch], self.settings.micro_batch_tokens)
         total = self._sum_over_ranks(float(sum(sum(x.loss_mask) for x in batch)))
-        rounds = self._max_over_ranks(len(groups))
-        self.model.train()
         nll_sum = 0.0
-        for r in range(rounds):
-            real = r < len(groups)
-            mb = pack(batch, groups[min(r, len(groups) - 1)]).to(self.device)
-            sync = getattr(self.model, "set_requires_gradient_sync", None)
-            if sync is not None:
-                sync(r == rounds - 1)
-            lp = self._token_logprobs(mb)
-            nll = -(lp * mb.loss_mask[0]).sum()
+        for mb, real in self._micro_batches(batch):
+            nll = -(self._token_logprobs(mb) * mb.loss_mask[0]).sum()
             weight = self.world / max(total, 1.0) if real else 0.0
             (nll * weight).backward()
             if real:
                 nll_sum += float(nll.detach())
+        nll_mean = self._sum_over_ranks(nll_sum) / max(total, 1.0)
+        return {"nll": nll_mean, "loss_tokens": total} | self._apply_update()
+
+    def _micro_batches(self, batch: Sequence[TrainSequence]) -> Iterator[tuple[MicroBatch, bool]]:
+        """The batch's packed micro-batches on the device, in training mode. Every rank runs the
+        same number of rounds (FSDP collectives); a rank with fewer repeats its first, marked
+        not real (weight 0). Gradients are reduced across ranks on the last round only."""
+        if not batch:
+            raise ValueError("an empty batch")
+        groups = plan([len(x.token_ids) for x in batch], self.settings.micro_batch_tokens)
+        rounds = self._max_over_ranks(len(groups))
+        self.model.train()
+        sync = getattr(self.model, "set_requires_gradient_sync", None)  # FSDP2 only
+        for r in range(rounds):
+            if sync is not None:
+                sync(r == rounds - 1)
+            yield pack(batch, groups[min(r, len(groups) - 1)]).to(self.device), r < len(groups)
+
+    def _apply_update(self) -> dict[str, float]:
+        """Clip the accumulated gradients, step optimizer and schedule; the step's metrics."""
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.settings.grad_clip_norm
         )
@@ -202,13 +187,7 @@ class TorchLearner:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._step += 1
-        return {
-            "nll": self._sum_over_ranks(nll_sum) / max(total, 1.0),
-            "grad_norm": float(full_norm.item()),
-            "lr": lr,
-            "loss_tokens": total,
-            "step": float(self._step),
-        }
+        return {"grad_norm": float(full_norm.item()), "lr": lr, "step": float(self._step)}
 
     def export_hf(self, folder: str | Path) -> None:
         """Write the full model as an HF folder (rank 0 writes; every rank must call)."""

@@ -54,131 +54,32 @@ import bisect
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Literal
 
-Policy = Literal["round_robin", "least_requests", "sticky", "kv_capacity", "kv_affinity"]
-POLICIES: tuple[Policy, ...] = (
-    "round_robin",
-    "least_requests",
-    "sticky",
-    "kv_capacity",
-    "kv_affinity",
+from scheduler.state import (
+    ADMISSION_POLICIES,
+    POLICIES,
+    Assignment,
+    EngineState,
+    Policy,
+    SchedulerError,
+    SchedulerSettings,
+    SchedulerStats,
+    TrajectoryPhase,
+    TrajectoryState,
+    free_besides,
 )
-ADMISSION_POLICIES: frozenset[Policy] = frozenset({"kv_capacity", "kv_affinity"})
 
-
-class SchedulerError(ValueError):
-    """A caller error: unknown trajectory or engine, an event out of order, a misfit."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class SchedulerSettings:
-    policy: Policy = "kv_affinity"
-    initial_segment_tokens: int = 2048  # kv_affinity: segment before any turn was observed
-    min_segment_tokens: int = 256
-    segment_quantile: float = 0.75  # of recent turns' generated tokens
-    growth_window_turns: int = 512  # recent turns the quantile is taken over
-    max_bypass: int = 64  # times a waiting dispatch may be passed before the queue holds
-    max_misfits_per_pass: int = 8  # waiting dispatches tried in vain before a pass stops
-    max_misfits_per_engine: int = 2  # kv_affinity: the same, per engine's queue
-    new_headroom_fraction: float = 0.2  # kv_affinity: KV a new trajectory leaves free for
-    # live ones (their next turns then rarely wait, and waiting prefixes get evicted)
-    block_size_tokens: int = 1  # engines allocate KV in blocks: reservations round up to them
-    max_running_per_engine: int | None = None  # admission policies: dispatches in flight per
-    # engine at most (set it to the engines' max_num_seqs)
-    move_free_fraction: float = 0.25  # kv_affinity: leave the prefix's engine only for one
-    # this empty after placing (or once the dispatch has been passed max_bypass times)
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise SchedulerError(f"unknown policy {self.policy!r}; expected one of {POLICIES}")
-        if not 0.0 < self.segment_quantile <= 1.0:
-            raise SchedulerError("segment_quantile must be in (0, 1]")
-        if self.min_segment_tokens < 1 or self.initial_segment_tokens < 1:
-            raise SchedulerError("segment sizes must be positive")
-        if self.block_size_tokens < 1:
-            raise SchedulerError("block_size_tokens must be positive")
-        if self.max_running_per_engine is not None and self.max_running_per_engine < 1:
-            raise SchedulerError("max_running_per_engine must be positive")
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """Start one dispatch: ``traj_id`` generates at most ``max_tokens`` on ``engine_id``.
-
-    ``reserved_tokens`` is what the scheduler holds for it (0 without admission control);
-    ``moved`` says the trajectory's prefix is on another engine (this engine re-prefills it).
-    """
-
-    traj_id: str
-    engine_id: int
-    max_tokens: int
-    reserved_tokens: int
-    moved: bool
-
-
-@dataclass
-class EngineState:
-    engine_id: int
-    capacity_tokens: int
-    reserved_tokens: int = 0  # held by dispatches (kv_affinity) or trajectories (kv_capacity)
-    in_flight: int = 0  # dispatches started here and not finished
-    live_trajectories: int = 0  # sticky: trajectories homed here
-    reported_used_tokens: int = 0  # from the engine's own stats
-    reported_running: int = 0
-    reported_waiting: int = 0
-    reported_preemptions: int = 0
-    max_running: int | None = None  # the engine's own batch limit (vLLM's max_num_seqs)
-    # kv_affinity: prefixes held here by trajectories now waiting to be placed
-    waiting_holds: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def free_tokens(self) -> int:
-        """KV an admission may take here; -1 while the engine runs its most requests (a request
-        queued inside the engine would hold nothing, and its cached prefix could age out)."""
-        if self.max_running is not None and self.in_flight >= self.max_running:
-            return -1
-        return self.capacity_tokens - max(self.reserved_tokens, self.reported_used_tokens)
-
-
-_State = Literal["waiting", "running", "tool", "done"]
-
-
-@dataclass
-class _Traj:
-    traj_id: str
-    seq: int
-    session_id: str
-    prompt_tokens: int
-    max_response_tokens: int
-    context_tokens: int
-    state: _State = "waiting"
-    home: int | None = None  # engine holding its prefix (its last dispatch ran there)
-    reserved: int = 0
-    turn_generated: int = 0  # tokens generated so far in the current turn (over segments)
-    bypassed: int = 0
-
-    @property
-    def remaining_tokens(self) -> int:
-        return self.prompt_tokens + self.max_response_tokens - self.context_tokens
-
-
-@dataclass
-class SchedulerStats:
-    dispatches: int = 0
-    moves: int = 0
-    continuations: int = 0  # dispatches that continue a turn past a segment
-    peak_waiting: int = 0
-    per_engine_dispatches: dict[int, int] = field(default_factory=dict)
-
-
-def _free_besides(engine: EngineState, own_tokens: int) -> int:
-    """Free KV on ``engine`` for a trajectory that already holds ``own_tokens`` there."""
-    if engine.max_running is not None and engine.in_flight >= engine.max_running:
-        return -1
-    taken = max(engine.reserved_tokens - own_tokens, engine.reported_used_tokens)
-    return engine.capacity_tokens - taken
+__all__ = [
+    "ADMISSION_POLICIES",
+    "POLICIES",
+    "Assignment",
+    "EngineState",
+    "Policy",
+    "Scheduler",
+    "SchedulerError",
+    "SchedulerSettings",
+    "SchedulerStats",
+]
 
 
 class Scheduler:
@@ -195,13 +96,14 @@ class Scheduler:
             for i, c in enumerate(capacities_tokens)
         ]
         self.stats = SchedulerStats()
-        self._trajs: dict[str, _Traj] = {}
+        self._trajs: dict[str, TrajectoryState] = {}
         self._queue: list[tuple[int, str]] = []  # (seq, traj_id) of waiting dispatches
         self._admitted: deque[str] = deque()  # kv_capacity: next turns of admitted ones
         # kv_affinity: waiting dispatches of trajectories with a prefix on engine i
         self._home_queues: list[list[tuple[int, str]]] = [[] for _ in self.engines]
         self._dirty: set[int] = set()  # engines whose queue or free KV changed since scanned
-        self._heads: dict[int, _Traj] = {}  # engine -> its oldest waiting turn that did not fit
+        # engine -> its oldest waiting turn that did not fit
+        self._heads: dict[int, TrajectoryState] = {}
         self._seq = 0
         self._rr_next = 0
         self._turns: deque[int] = deque(maxlen=settings.growth_window_turns)
@@ -223,7 +125,7 @@ class Scheduler:
             raise SchedulerError(f"trajectory {traj_id!r} was already submitted")
         if prompt_tokens < 1 or max_response_tokens < 1:
             raise SchedulerError("prompt_tokens and max_response_tokens must be positive")
-        traj = _Traj(
+        traj = TrajectoryState(
             traj_id=traj_id,
             seq=self._seq,
             session_id=session_id or traj_id,
@@ -328,7 +230,7 @@ class Scheduler:
                     self._start(traj, self.engines[traj.home or 0], traj.remaining_tokens, 0)
                 )
         skipped: list[tuple[int, str]] = []
-        held: _Traj | None = None  # oldest waiting dispatch that did not fit
+        held: TrajectoryState | None = None  # oldest waiting dispatch that did not fit
         misfits = 0
         max_free = self._max_free()
         while self._queue and (limit is None or len(out) < limit):
@@ -405,12 +307,12 @@ class Scheduler:
                 break
         return out
 
-    def _place_new(self, room: int, blocked: dict[int, _Traj]) -> list[Assignment]:
+    def _place_new(self, room: int, blocked: dict[int, TrajectoryState]) -> list[Assignment]:
         """First dispatches of new trajectories (kv_affinity), oldest first."""
         out: list[Assignment] = []
         skipped: list[tuple[int, str]] = []
         closed = {e for e, head in blocked.items() if head.bypassed >= self.settings.max_bypass}
-        held: _Traj | None = None  # the oldest new trajectory that did not fit
+        held: TrajectoryState | None = None  # the oldest new trajectory that did not fit
         best_free = self._best_free(closed)
         while self._queue and len(out) < room:
             item = heapq.heappop(self._queue)
@@ -459,7 +361,7 @@ class Scheduler:
 
     # ---- internals ----
 
-    def _get(self, traj_id: str, expect: _State | None = None) -> _Traj:
+    def _get(self, traj_id: str, expect: TrajectoryPhase | None = None) -> TrajectoryState:
         traj = self._trajs.get(traj_id)
         if traj is None:
             raise SchedulerError(f"unknown trajectory {traj_id!r}")
@@ -467,7 +369,7 @@ class Scheduler:
             raise SchedulerError(f"{traj_id!r} is {traj.state}, expected {expect}")
         return traj
 
-    def _enqueue(self, traj: _Traj) -> None:
+    def _enqueue(self, traj: TrajectoryState) -> None:
         traj.state = "waiting"
         traj.bypassed = 0
         if self.settings.policy == "kv_capacity" and traj.home is not None:
@@ -481,7 +383,7 @@ class Scheduler:
         if self.settings.policy == "kv_affinity" and traj.reserved and traj.home is not None:
             self.engines[traj.home].waiting_holds[traj.traj_id] = traj.reserved
 
-    def _release_waiting_holds_for(self, head: _Traj, engine: EngineState) -> bool:
+    def _release_waiting_holds_for(self, head: TrajectoryState, engine: EngineState) -> bool:
         """Break a hold-and-wait cycle: when ``head``, the oldest waiting turn on ``engine``,
         does not fit there, nothing runs there, and it would fit once the prefixes held there
         by other *waiting* trajectories are let go, let them go (those re-prefill later)."""
@@ -489,7 +391,7 @@ class Scheduler:
             return False
         others = {t: n for t, n in engine.waiting_holds.items() if t != head.traj_id}
         need = self._need_kv_affinity(head)[1]
-        if not others or _free_besides(engine, head.reserved) + sum(others.values()) < need:
+        if not others or free_besides(engine, head.reserved) + sum(others.values()) < need:
             return False
         for traj_id, tokens in others.items():
             del engine.waiting_holds[traj_id]
@@ -498,7 +400,7 @@ class Scheduler:
         self._dirty.add(engine.engine_id)
         return True
 
-    def _smallest_reservation(self, traj: _Traj) -> int:
+    def _smallest_reservation(self, traj: TrajectoryState) -> int:
         if self.settings.policy == "kv_capacity":
             return self._blocks(traj.prompt_tokens + traj.max_response_tokens)
         if self.settings.policy == "kv_affinity":
@@ -543,7 +445,7 @@ class Scheduler:
             return 1 << 62
         return max(e.free_tokens for e in self.engines)
 
-    def _may_fit(self, traj: _Traj, max_free: int) -> bool:
+    def _may_fit(self, traj: TrajectoryState, max_free: int) -> bool:
         """A cheap necessary condition for :meth:`_place` to succeed (``max_free``: the most
         free KV on any engine)."""
         policy = self.settings.policy
@@ -556,7 +458,7 @@ class Scheduler:
         if traj.home is None or traj.bypassed >= self.settings.max_bypass:
             return need <= max_free
         home = self.engines[traj.home]
-        home_free = _free_besides(home, traj.reserved)
+        home_free = free_besides(home, traj.reserved)
         if need <= home_free or need > home.capacity_tokens:
             return True
         if self._floor_blocks(home_free) - traj.context_tokens >= self.settings.min_segment_tokens:
@@ -569,7 +471,7 @@ class Scheduler:
             return True
         return any(e.free_tokens >= self.settings.min_segment_tokens for e in self.engines)
 
-    def _place(self, traj: _Traj) -> Assignment | None:
+    def _place(self, traj: TrajectoryState) -> Assignment | None:
         policy = self.settings.policy
         if policy == "kv_capacity":
             return self._place_kv_capacity(traj)
@@ -588,7 +490,7 @@ class Scheduler:
                 engine = self.engines[traj.home]
         return self._start(traj, engine, traj.remaining_tokens, 0)
 
-    def _place_kv_capacity(self, traj: _Traj) -> Assignment | None:
+    def _place_kv_capacity(self, traj: TrajectoryState) -> Assignment | None:
         if traj.home is not None:  # admitted: its worst-case reservation is held there
             return self._start(traj, self.engines[traj.home], traj.remaining_tokens, 0)
         need = self._blocks(traj.prompt_tokens + traj.max_response_tokens)
@@ -599,18 +501,18 @@ class Scheduler:
         traj.reserved = need
         return self._start(traj, engine, traj.remaining_tokens, need)
 
-    def _need_kv_affinity(self, traj: _Traj) -> tuple[int, int]:
+    def _need_kv_affinity(self, traj: TrajectoryState) -> tuple[int, int]:
         """(segment, reservation) of the trajectory's next dispatch."""
         segment = min(traj.remaining_tokens, max(self._segment, self.settings.min_segment_tokens))
         return segment, self._blocks(traj.context_tokens + segment)
 
     def _place_kv_affinity(
-        self, traj: _Traj, exclude: set[int] | frozenset[int] = frozenset()
+        self, traj: TrajectoryState, exclude: set[int] | frozenset[int] = frozenset()
     ) -> Assignment | None:
         segment, need = self._need_kv_affinity(traj)
         home = self.engines[traj.home] if traj.home is not None else None
         held = traj.reserved  # its prefix, held on home since its last dispatch
-        home_free = _free_besides(home, held) if home is not None else 0
+        home_free = free_besides(home, held) if home is not None else 0
         shrunk = self._floor_blocks(home_free) - traj.context_tokens
         if home is not None and home_free >= need:
             engine = home
@@ -645,7 +547,7 @@ class Scheduler:
         return self._start(traj, engine, segment, need)
 
     def _start(
-        self, traj: _Traj, engine: EngineState, max_tokens: int, reserved: int
+        self, traj: TrajectoryState, engine: EngineState, max_tokens: int, reserved: int
     ) -> Assignment:
         moved = traj.home is not None and traj.home != engine.engine_id
         traj.home = engine.engine_id

@@ -24,9 +24,11 @@ def measure(policy: Policy, engines: int, live: int, events: int, seed: int) -> 
     rng = random.Random(seed)
     sched = Scheduler([2_000_000] * engines, SchedulerSettings(policy=policy, block_size_tokens=16))
     context: dict[str, int] = {}
+    limit: dict[str, int] = {}  # context at which a trajectory's budget is spent
     for i in range(live):
         tid = f"t{i}"
         context[tid] = rng.randint(150, 600)
+        limit[tid] = context[tid] + 12_288
         sched.submit(tid, prompt_tokens=context[tid], max_response_tokens=12_288)
     running = [a.traj_id for a in sched.schedule()]
     cycles: list[float] = []
@@ -40,11 +42,12 @@ def measure(policy: Policy, engines: int, live: int, events: int, seed: int) -> 
         t0 = time.perf_counter()
         sched.generation_finished(tid, gen)
         context[tid] += gen + 128
-        if context[tid] + 1000 > sched._trajs[tid].prompt_tokens + 12_288:
+        if context[tid] + 1000 > limit[tid]:
             sched.finish(tid)  # spent: a fresh trajectory takes its place
             del context[tid]
             tid = f"{tid}x"
             context[tid] = rng.randint(150, 600)
+            limit[tid] = context[tid] + 12_288
             sched.submit(tid, prompt_tokens=context[tid], max_response_tokens=12_288)
         else:
             sched.turn_ready(tid, context[tid])

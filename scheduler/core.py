@@ -356,9 +356,6 @@ class Scheduler:
         """kv_affinity's current projected per-turn growth."""
         return self._segment
 
-    def reservation_of(self, traj_id: str) -> int:
-        return self._get(traj_id).reserved
-
     # ---- internals ----
 
     def _get(self, traj_id: str, expect: TrajectoryPhase | None = None) -> TrajectoryState:
@@ -451,7 +448,7 @@ class Scheduler:
         policy = self.settings.policy
         if policy == "kv_capacity":
             need = self._blocks(traj.prompt_tokens + traj.max_response_tokens)
-            return traj.home is not None or need <= max_free
+            return need <= max_free  # admitted trajectories never wait in this queue
         if policy != "kv_affinity":
             return True
         need = self._need_kv_affinity(traj)[1]
@@ -491,8 +488,6 @@ class Scheduler:
         return self._start(traj, engine, traj.remaining_tokens, 0)
 
     def _place_kv_capacity(self, traj: TrajectoryState) -> Assignment | None:
-        if traj.home is not None:  # admitted: its worst-case reservation is held there
-            return self._start(traj, self.engines[traj.home], traj.remaining_tokens, 0)
         need = self._blocks(traj.prompt_tokens + traj.max_response_tokens)
         engine = max(self.engines, key=lambda e: (e.free_tokens, -e.engine_id))
         if engine.free_tokens < need:

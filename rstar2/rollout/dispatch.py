@@ -94,7 +94,7 @@ class Dispatcher:
             raise DispatcherClosed("the dispatcher is closed")
         self.start()
         traj_id = f"traj-{next(self._ids)}"
-        bound = ScheduledEngine(self, traj_id, prompt_tokens)
+        bound = ScheduledEngine(self, traj_id)
         self.scheduler.submit(
             traj_id,
             prompt_tokens=prompt_tokens,
@@ -170,11 +170,10 @@ async def run_scheduled(
 class ScheduledEngine:
     """The :class:`~rstar2.rollout.engine.Engine` of one trajectory under a dispatcher."""
 
-    def __init__(self, dispatcher: Dispatcher, traj_id: str, prompt_tokens: int) -> None:
+    def __init__(self, dispatcher: Dispatcher, traj_id: str) -> None:
         self._d = dispatcher
         self.traj_id = traj_id
         self._turns = 0
-        self._prompt_tokens = prompt_tokens
         self.dispatches: list[Assignment] = []
         self.running = False  # placed and not reported back yet
 

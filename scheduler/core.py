@@ -498,6 +498,8 @@ class Scheduler:
 
     def _need_kv_affinity(self, traj: TrajectoryState) -> tuple[int, int]:
         """(segment, reservation) of the trajectory's next dispatch."""
+        if not self.settings.split_turns:
+            return traj.remaining_tokens, self._blocks(traj.context_tokens + traj.remaining_tokens)
         segment = min(traj.remaining_tokens, max(self._segment, self.settings.min_segment_tokens))
         return segment, self._blocks(traj.context_tokens + segment)
 
@@ -511,7 +513,11 @@ class Scheduler:
         shrunk = self._floor_blocks(home_free) - traj.context_tokens
         if home is not None and home_free >= need:
             engine = home
-        elif home is not None and shrunk >= self.settings.min_segment_tokens:
+        elif (
+            home is not None
+            and self.settings.split_turns
+            and shrunk >= self.settings.min_segment_tokens
+        ):
             # a shorter segment fits where its prefix is: run now rather than wait (a waiting
             # prefix ages in the engine's LRU cache); the turn continues in further segments
             engine, segment, need = home, shrunk, self._blocks(traj.context_tokens + shrunk)

@@ -27,6 +27,9 @@ class SchedulerSettings:
     initial_segment_tokens: int = 2048  # kv_affinity: segment before any turn was observed
     min_segment_tokens: int = 256
     segment_quantile: float = 0.75  # of recent turns' generated tokens
+    # kv_affinity: False reserves a turn's whole remaining budget and never splits a turn into
+    # segments, so each turn is one engine request and its tokens depend only on its seed
+    split_turns: bool = True
     growth_window_turns: int = 512  # recent turns the quantile is taken over
     max_bypass: int = 64  # times a waiting dispatch may be passed before the queue holds
     max_misfits_per_pass: int = 8  # waiting dispatches tried in vain before a pass stops

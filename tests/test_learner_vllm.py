@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,10 @@ async def _sample(engine, sandbox, template: ChatTemplate, n: int) -> list[Traje
     ]
     return list(
         await asyncio.gather(
-            *(run_trajectory(engine, sandbox, template, p, SAMPLED) for p in prompts)
+            *(
+                run_trajectory(engine, sandbox, template, p, replace(SAMPLED, seed=3 + 100 * i))
+                for i, p in enumerate(prompts)
+            )
         )
     )
 

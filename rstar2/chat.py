@@ -13,8 +13,7 @@ import sys
 from typing import Any, TextIO
 
 from rstar2.agent.loop import AgentSettings, Sandbox, run_trajectory
-from rstar2.agent.template import ChatTemplate
-from rstar2.agent.tools import tool_schema
+from rstar2.agent.template import PromptFormat
 from rstar2.rollout.engine import Engine
 
 _COLORS = {"assistant": "", "tool_call": "\033[36m", "tool_result": "\033[33m"}
@@ -48,7 +47,9 @@ async def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if not tokenizer_path:
         print("rstar2 chat: --server needs --tokenizer (the served model's folder)", file=out)
         return 2
-    template = ChatTemplate(AutoTokenizer.from_pretrained(tokenizer_path), tools=(tool_schema(),))
+    template = PromptFormat.load(tokenizer_path).template(
+        AutoTokenizer.from_pretrained(tokenizer_path)
+    )
     settings = AgentSettings(
         max_turns=args.max_turns,
         max_response_tokens=args.max_tokens,

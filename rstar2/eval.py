@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rstar2.agent.loop import AgentSettings, Trajectory
-from rstar2.agent.template import ChatTemplate
+from rstar2.agent.template import ChatTemplate, PromptFormat
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,13 +255,14 @@ async def _evaluate_with_services(
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from rstar2.agent.tools import tool_schema
     from rstar2.chat import open_engine, open_sandbox
     from rstar2.reward.scorer import RewardScorer
     from rstar2.rollout.dispatch import Dispatcher, run_scheduled
     from scheduler.core import SchedulerSettings
 
-    template = ChatTemplate(AutoTokenizer.from_pretrained(tokenizer_path), tools=(tool_schema(),))
+    template = PromptFormat.load(tokenizer_path).template(
+        AutoTokenizer.from_pretrained(tokenizer_path)
+    )
     max_model_len = args.max_model_len or settings.max_tokens + 4096
     engine, close_engine = await open_engine(args, tokenizer_path, max_model_len)
     sandbox, close_sandbox = await open_sandbox(args)

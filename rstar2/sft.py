@@ -111,7 +111,6 @@ def run_sft(cfg: Config, run_dir: Path, *, quiet: bool = False) -> dict[str, Any
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from rstar2.agent.tools import tool_schema
     from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 
     if not cfg.sft.data:
@@ -119,7 +118,8 @@ def run_sft(cfg: Config, run_dir: Path, *, quiet: bool = False) -> dict[str, Any
     if not (Path(cfg.model.path) / "config.json").is_file():
         raise DataError(f"model.path {cfg.model.path} is not a model folder (no config.json)")
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
-    template = ChatTemplate(tokenizer, tools=(tool_schema(),))
+    prompt_format = cfg.agent.prompt_format(cfg.model.path)
+    template = prompt_format.template(tokenizer, cfg.agent.tool_name)
     seqs, skipped = build_sequences(template, cfg.sft.data, cfg.sft.max_seq_tokens)
     if not seqs:
         raise DataError(f"no conversation fits sft.max_seq_tokens={cfg.sft.max_seq_tokens}")
@@ -163,6 +163,7 @@ def run_sft(cfg: Config, run_dir: Path, *, quiet: bool = False) -> dict[str, Any
     model_dir = run_dir / "model"
     learner.export_hf(model_dir)
     tokenizer.save_pretrained(model_dir)
+    prompt_format.save(model_dir)
     return {
         "conversations": len(seqs),
         "skipped_too_long": skipped,

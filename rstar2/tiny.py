@@ -21,13 +21,24 @@ CHATML_TEMPLATE = (
 )
 
 
-def build_tokenizer(out_dir: Path, corpus: Iterable[str], vocab_size: int = 1024) -> None:
-    """Train a byte-level BPE tokenizer on ``corpus`` and save it as an HF tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_tokenizer(
+    out_dir: Path, corpus: Iterable[str], vocab_size: int = 1024, digit_group: int | None = None
+) -> None:
+    """Train a byte-level BPE tokenizer on ``corpus`` and save it as an HF tokenizer.
+
+    ``digit_group``: split digit runs into pieces of at most this many digits before BPE (as
+    GPT-4's tokenizer does with 3), so a number tokenizes the same wherever it appears.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if digit_group is None:
+        tok.pre_tokenizer = byte_level
+    else:
+        digits = pre_tokenizers.Split(Regex(rf"\d{{1,{digit_group}}}"), behavior="isolated")
+        tok.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -55,7 +66,11 @@ def build_tiny_model(
     hidden_size: int = 128,
     num_layers: int = 2,
     vocab_size: int = 1024,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
     max_position_embeddings: int = 2048,
+    digit_group: int | None = None,
+    tie_word_embeddings: bool = False,
     seed: int = 0,
 ) -> Path:
     """Write tokenizer + randomly initialised model to ``out_dir``; returns ``out_dir``."""
@@ -70,18 +85,18 @@ def build_tiny_model(
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(out_dir, corpus, vocab_size)
+    build_tokenizer(out_dir, corpus, vocab_size, digit_group)
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     common: dict[str, Any] = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
         head_dim=64,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 SYSTEM_PROMPT = (
@@ -40,6 +41,57 @@ TOOLS_FOOTER = (
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
 GENERATION_PROMPT_SUFFIX = "<reason>"
+PROMPT_FILE = "rstar2_prompt.json"
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """What a model was trained to see: its system prompt, and whether the tool schema follows.
+
+    Saved as ``rstar2_prompt.json`` in a model folder (only when it differs from rStar2's), so
+    eval, chat and later training render the prompts the model learned on.
+    """
+
+    system_prompt: str = SYSTEM_PROMPT
+    show_tool_schema: bool = True
+
+    def save(self, folder: str | Path) -> None:
+        path = Path(folder) / PROMPT_FILE
+        if self == PromptFormat():
+            path.unlink(missing_ok=True)
+            return
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, folder: str | Path) -> PromptFormat:
+        """The folder's saved format, else rStar2's."""
+        path = Path(folder) / PROMPT_FILE
+        if not path.is_file():
+            return cls()
+        data = json.loads(path.read_text())
+        return cls(
+            system_prompt=str(data.get("system_prompt", SYSTEM_PROMPT)),
+            show_tool_schema=bool(data.get("show_tool_schema", True)),
+        )
+
+    def override(
+        self, *, system_prompt: str | None = None, show_tool_schema: bool | None = None
+    ) -> PromptFormat:
+        """This format with the given fields replaced (None keeps a field)."""
+        return PromptFormat(
+            system_prompt=self.system_prompt if system_prompt is None else system_prompt,
+            show_tool_schema=self.show_tool_schema
+            if show_tool_schema is None
+            else show_tool_schema,
+        )
+
+    def template(
+        self, tokenizer: Any, tool_name: str = "python_code_with_standard_io"
+    ) -> ChatTemplate:
+        from rstar2.agent.tools import tool_schema
+
+        tools = (tool_schema(tool_name),) if self.show_tool_schema else ()
+        return ChatTemplate(tokenizer, tools=tools, system_prompt=self.system_prompt)
 
 
 @dataclass(frozen=True)
@@ -51,6 +103,7 @@ class ChatTemplate:
     tools: tuple[dict[str, Any], ...]
     im_start: str = "<|im_start|>"
     im_end: str = "<|im_end|>"
+    system_prompt: str = SYSTEM_PROMPT
 
     def __post_init__(self) -> None:
         for token in (self.im_start, self.im_end):
@@ -64,7 +117,7 @@ class ChatTemplate:
 
     def system_text(self) -> str:
         tools = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in self.tools)
-        block = SYSTEM_PROMPT + (TOOLS_HEADER + tools + TOOLS_FOOTER if self.tools else "")
+        block = self.system_prompt + (TOOLS_HEADER + tools + TOOLS_FOOTER if self.tools else "")
         return f"{self.im_start}system\n{block}{self.im_end}\n"
 
     def prompt_text(self, messages: Sequence[dict[str, Any]]) -> str:

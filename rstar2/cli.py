@@ -61,6 +61,16 @@ def _build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--quiet", action="store_true", help="no progress bars")
     prep.set_defaults(handler=_cmd_data_prepare)
 
+    toy = data_sub.add_parser(
+        "toy", help="generate the toy recipe's arithmetic tool-use data (sft/train/heldout)"
+    )
+    toy.add_argument("--out", required=True, type=Path, help="output folder")
+    toy.add_argument("--num-sft", type=_positive_int, default=7000, help="SFT conversations")
+    toy.add_argument("--num-train", type=_positive_int, default=2000, help="RL problems")
+    toy.add_argument("--num-heldout", type=_positive_int, default=100, help="held-out problems")
+    toy.add_argument("--seed", type=int, default=0)
+    toy.set_defaults(handler=_cmd_data_toy)
+
     cfg = sub.add_parser("config", help="print the resolved config as JSON")
     _add_config_args(cfg)
     cfg.set_defaults(handler=_cmd_config)
@@ -83,6 +93,29 @@ def _build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--quiet", action="store_true", help="no progress bar")
     sft.set_defaults(handler=_cmd_sft)
 
+    train = sub.add_parser(
+        "train", help="the recipe: [tiny model] [SFT] then GRPO-RoC RL stages, with eval"
+    )
+    _add_config_args(train)
+    train.add_argument("--run-dir", type=Path, help="run folder (default: RUNS_DIR/NAME-TIME)")
+    train.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest checkpoint (uses its config.json)",
+    )
+    train.add_argument(
+        "--save-rollouts", type=Path, metavar="DIR", help="also write each step's rollouts here"
+    )
+    train.add_argument(
+        "--replay-rollouts",
+        type=Path,
+        metavar="DIR",
+        help="train on rollouts saved by --save-rollouts instead of generating (no engines)",
+    )
+    train.add_argument("--quiet", action="store_true", help="no progress bars")
+    train.set_defaults(handler=_cmd_train)
+
     ev = sub.add_parser("eval", help="avg@n / pass@k of a model on a benchmark, with the tool")
     from rstar2.eval import add_arguments as add_eval_arguments
 
@@ -94,7 +127,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="the embedded CPU job: resolve the config into a run folder, prepare its data, "
         "and grade synthetic responses to the eval sets with the reward",
     )
-    _add_config_args(demo, default_config="configs/toy/cpu.yaml")
+    _add_config_args(demo, default_config="configs/toy/demo.yaml")
     demo.add_argument("--run-dir", type=Path, help="run folder (default: RUNS_DIR/NAME-TIME)")
     demo.set_defaults(handler=_cmd_demo)
     return parser
@@ -132,6 +165,21 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
         )
         dropped = f" ({result.num_contaminated} contaminated dropped)" if decontaminator else ""
         print(f"{result.name}: {result.num_rows} rows -> {result.path}{dropped}")
+    return 0
+
+
+def _cmd_data_toy(args: argparse.Namespace) -> int:
+    from rstar2.toy import write_toy_data
+
+    paths = write_toy_data(
+        args.out,
+        num_sft=args.num_sft,
+        num_train=args.num_train,
+        num_heldout=args.num_heldout,
+        seed=args.seed,
+    )
+    for name, path in paths.items():
+        print(f"{name}: {path}")
     return 0
 
 
@@ -183,6 +231,49 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         f"sft: {summary['steps']} steps on {summary['conversations']} conversations "
         f"({summary['skipped_too_long']} too long), nll {summary['first_nll']:.3f} -> "
         f"{summary['last_nll']:.3f}; model in {summary['model_dir']}"
+    )
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import asyncio
+    import time
+
+    from rstar2.config_io import load_config, write_resolved_config
+    from rstar2.trainer.loop import run_train
+
+    if args.resume is not None:
+        if args.config or args.overrides or args.run_dir:
+            raise ConfigError("--resume", "takes the run's own config.json; drop other options")
+        run_dir = args.resume
+        if not (run_dir / "config.json").is_file():
+            raise ConfigError("--resume", f"{run_dir} has no config.json: not a run folder")
+        cfg = load_config(run_dir / "config.json")
+    else:
+        cfg = load_config(args.config, args.overrides)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = args.run_dir or Path(cfg.runs_dir) / f"{cfg.name}-{stamp}"
+        if (run_dir / "config.json").exists():
+            raise ConfigError("--run-dir", f"{run_dir} already holds a run; use --resume")
+        write_resolved_config(cfg, run_dir)
+    if args.replay_rollouts is not None and not args.replay_rollouts.is_dir():
+        raise ConfigError("--replay-rollouts", f"{args.replay_rollouts} is not a folder")
+    print(f"run folder: {run_dir}", flush=True)
+    summary = asyncio.run(
+        run_train(
+            cfg,
+            run_dir,
+            resume=args.resume is not None,
+            save_rollouts_dir=args.save_rollouts,
+            replay_rollouts_dir=args.replay_rollouts,
+            quiet=args.quiet,
+        )
+    )
+    gains = summary.get("eval_gain_points") or {}
+    gain_text = ", ".join(f"{k} {v:+.1f} points" for k, v in gains.items())
+    print(
+        f"train: {summary['steps']} steps; model in {summary['model_dir']}"
+        + (f"; held-out change {gain_text}" if gain_text else "")
     )
     return 0
 

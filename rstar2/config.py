@@ -16,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rstar2.agent.template import PromptFormat
+
 
 class ConfigError(ValueError):
     """A user error in a config file or override; ``key`` is the dotted path it concerns."""
@@ -30,6 +32,22 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class TinyModelConfig(_Section):
+    """A randomly initialised Qwen3-architecture model built locally (the toy recipe, tests)."""
+
+    hidden_size: int = Field(128, ge=32, description="Hidden width.")
+    num_layers: int = Field(2, ge=1, description="Decoder layers.")
+    num_heads: int = Field(2, ge=1, description="Attention heads of 64 dimensions each.")
+    num_kv_heads: int = Field(1, ge=1, description="Key/value heads (grouped-query attention).")
+    vocab_size: int = Field(
+        3072, ge=300, description="Upper bound of the BPE vocabulary trained on the run's data."
+    )
+    digit_group: int | None = Field(
+        1, ge=1, description="Split digit runs into pieces of at most this many digits."
+    )
+    tie_word_embeddings: bool = Field(True, description="Share input and output embeddings.")
+
+
 class ModelConfig(_Section):
     path: str = Field(
         "Qwen/Qwen3-14B",
@@ -42,6 +60,11 @@ class ModelConfig(_Section):
         "bfloat16", description="Parameter dtype of the learner and engines (float32 on CPU)."
     )
     trust_remote_code: bool = Field(False, description="Allow model code from the model folder.")
+    tiny: TinyModelConfig | None = Field(
+        None,
+        description="Build a tiny random-init model at `path` when that folder has no model "
+        "yet (tokenizer trained on the SFT conversations and training prompts).",
+    )
 
 
 class DataConfig(_Section):
@@ -71,7 +94,9 @@ class RolloutConfig(_Section):
     num_samples_per_prompt: int = Field(
         32, ge=1, description="Rollouts generated per prompt (the oversampled 2G of GRPO-RoC)."
     )
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature during training.")
+    temperature: float = Field(
+        1.0, ge=0.0, le=2.0, description="Sampling temperature during training."
+    )
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     num_engines: int = Field(1, ge=1, description="vLLM engines serving rollouts.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per vLLM engine.")
@@ -99,6 +124,21 @@ class AgentConfig(_Section):
     tool_response_truncate_side: Literal["left", "middle", "right"] = Field(
         "middle", description="Which part of an over-long tool output is cut."
     )
+    system_prompt: str | None = Field(
+        None,
+        description="System prompt; None: the model folder's rstar2_prompt.json, else rStar2's.",
+    )
+    show_tool_schema: bool | None = Field(
+        None,
+        description="Append the hermes tools block to the system prompt; None: as the model "
+        "folder says, else true.",
+    )
+
+    def prompt_format(self, model_path: str) -> PromptFormat:
+        """The prompt format for ``model_path``: these fields over the folder's saved one."""
+        return PromptFormat.load(model_path).override(
+            system_prompt=self.system_prompt, show_tool_schema=self.show_tool_schema
+        )
 
 
 class SandboxConfig(_Section):
@@ -197,6 +237,11 @@ class AlgorithmConfig(_Section):
     norm_adv_by_std: bool = Field(
         True, description="Divide group-centred rewards by the group std (GRPO); false = Dr. GRPO."
     )
+    recompute_old_logprobs: bool = Field(
+        True,
+        description="Old log-probs from a learner forward pass (verl's way) instead of the "
+        "engine's sampling log-probs.",
+    )
     kl_coef: float = Field(0.0, ge=0.0, description="KL-to-reference loss weight (0: off).")
     entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus weight (0: off).")
 
@@ -228,6 +273,12 @@ class SchedulerConfig(_Section):
     policy: Literal["round_robin", "least_requests", "sticky", "kv_capacity", "kv_affinity"] = (
         Field("kv_affinity", description="How generation turns are placed on engines.")
     )
+    split_turns: bool = Field(
+        True,
+        description="kv_affinity may cap a turn at a segment and continue it in a further "
+        "request; false keeps each turn one request, so a trajectory's tokens depend only on "
+        "its seed (what exact resume and replay on CPU need).",
+    )
 
 
 class StageConfig(_Section):
@@ -252,7 +303,7 @@ class StageConfig(_Section):
 class EvalConfig(_Section):
     every_steps: int = Field(50, ge=0, description="Evaluate every N RL steps (0: only at end).")
     num_samples: int = Field(16, ge=1, description="Samples per problem (avg@n).")
-    temperature: float = Field(0.6, ge=0.0, description="Sampling temperature for eval.")
+    temperature: float = Field(0.6, ge=0.0, le=2.0, description="Sampling temperature for eval.")
     max_response_tokens: int = Field(30720, ge=16, description="Token budget per eval response.")
     max_turns: int = Field(30, ge=1, description="Assistant turns per eval trajectory.")
 
@@ -283,6 +334,11 @@ class ClusterConfig(_Section):
     )
     num_nodes: int = Field(1, ge=1, description="Nodes in the job.")
     gpus_per_node: int = Field(8, ge=0, description="Accelerators per node (0 on CPU).")
+    ray: bool = Field(
+        False,
+        description="Place the rollout engines in Ray actors (joins a running cluster, else "
+        "starts a local one); false: everything in the trainer's process.",
+    )
 
 
 class LoggingConfig(_Section):

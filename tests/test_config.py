@@ -11,6 +11,7 @@ from tests.conftest import REPO, run_cli
 
 PAPER = REPO / "configs" / "rstar2_14b_mi300x.yaml"
 TOY = REPO / "configs" / "toy" / "cpu.yaml"
+DEMO = REPO / "configs" / "toy" / "demo.yaml"
 
 
 def _walk(model: type[BaseModel], prefix: str = ""):
@@ -135,7 +136,7 @@ def test_resolved_config_round_trips(tmp_path):
     ],
 )
 def test_cli_exits_2_with_one_line(tmp_path, override, key):
-    proc = run_cli("demo", "--config", str(TOY), "--run-dir", str(tmp_path / "r"), override)
+    proc = run_cli("demo", "--config", str(DEMO), "--run-dir", str(tmp_path / "r"), override)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0], proc.stderr
@@ -144,15 +145,15 @@ def test_cli_exits_2_with_one_line(tmp_path, override, key):
 
 def test_demo_writes_resolved_config_and_data(tmp_path):
     run = tmp_path / "run"
-    proc = run_cli("demo", "--config", str(TOY), "--run-dir", str(run), "seed=3")
+    proc = run_cli("demo", "--config", str(DEMO), "--run-dir", str(run), "seed=3")
     assert proc.returncode == 0, proc.stderr
     resolved = json.loads((run / "config.json").read_text())
-    assert resolved["seed"] == 3 and resolved["name"] == "toy-cpu"
+    assert resolved["seed"] == 3 and resolved["name"] == "toy-demo"
     assert (run / "data" / "train" / "math500.parquet").is_file()
     report = json.loads((run / "reward_demo.json").read_text())
     assert report[0]["correct_respelled_scored_1"] == report[0]["num_problems"] == 30
     assert report[0]["wrong_scored_0"] == 30
-    again = run_cli("demo", "--config", str(TOY), "--run-dir", str(run))
+    again = run_cli("demo", "--config", str(DEMO), "--run-dir", str(run))
     assert again.returncode == 2 and "already holds a run" in again.stderr
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rstar2.config import AlgorithmConfig, AugmentationConfig, DownSamplingConfig
+from rstar2.data.schema import DataError
 from rstar2.trainer import state as st
 from rstar2.trainer.batch import Rollout, rollout_metrics, select
 from rstar2.trainer.loop import _truncate_metrics
@@ -136,10 +137,10 @@ def test_rollouts_round_trip(tmp_path: Path) -> None:
     groups = [[_rollout(g, k, float(k)) for k in range(3)] for g in range(2)]
     save_rollouts(tmp_path, 7, groups)
     assert load_rollouts(tmp_path, 7) == groups
-    with pytest.raises(FileNotFoundError, match="step 8"):
+    with pytest.raises(DataError, match="step 8"):
         load_rollouts(tmp_path, 8)
     (tmp_path / "step_000009.jsonl").write_text('{"group": 0}\n')
-    with pytest.raises(ValueError, match=r"step_000009\.jsonl:1"):
+    with pytest.raises(DataError, match=r"step_000009\.jsonl:1"):
         load_rollouts(tmp_path, 9)
 
 
@@ -173,3 +174,25 @@ def test_toy_data_is_disjoint_correct_and_matches_the_shipped_heldout(tmp_path: 
         )
     again = write_toy_data(tmp_path / "again", num_sft=300, num_train=200, num_heldout=100)
     assert again["sft"].read_text() == paths["sft"].read_text()
+
+
+def test_metric_sinks(tmp_path: Path) -> None:
+    import importlib.util
+
+    from rstar2.config import ConfigError, LoggingConfig
+    from rstar2.trainer.sinks import MetricSinks
+
+    assert MetricSinks(LoggingConfig(), tmp_path, {})._tb is None
+    if importlib.util.find_spec("tensorboard") is None:
+        with pytest.raises(ConfigError, match=r"logging\.tensorboard"):
+            MetricSinks(LoggingConfig(tensorboard=True), tmp_path, {})
+        return
+    sinks = MetricSinks(LoggingConfig(tensorboard=True), tmp_path, {})
+    sinks.log({"step": 3, "reward_mean": 0.5, "stage": "s1", "updated": True})
+    sinks.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert events.Tags()["scalars"] == ["reward_mean"]
+    assert [(e.step, e.value) for e in events.Scalars("reward_mean")] == [(3, 0.5)]

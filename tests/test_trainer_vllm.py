@@ -164,6 +164,23 @@ def test_replay_reproduces_the_updates_without_engines(config_file: Path, full_r
     assert replay == full
 
 
+def test_engines_in_ray_actors_give_the_same_steps(config_file: Path, full_run: Path) -> None:
+    cfg = yaml.safe_load(config_file.read_text())
+    cfg["cluster"]["ray"] = True
+    cfg["stages"] = cfg["stages"][:1]
+    cfg["stages"][0]["num_steps"] = 2
+    cfg["eval"]["every_steps"] = 0
+    ray_config = config_file.parent / "ray.yaml"
+    ray_config.write_text(yaml.safe_dump(cfg))
+    run_dir = config_file.parent / "ray-run"
+    args = ["train", "--config", str(ray_config), "--run-dir", str(run_dir), "--quiet"]
+    res = run_cli(*args, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ray_steps = [r for r in _metrics(run_dir) if "reward_mean" in r]
+    full = [r for r in _metrics(full_run) if "reward_mean" in r]
+    assert ray_steps == full[:2]
+
+
 def test_resume_of_a_folder_without_a_run_is_a_user_error(tmp_path: Path) -> None:
     res = run_cli("train", "--resume", str(tmp_path))
     assert res.returncode == 2

@@ -34,6 +34,7 @@ from rstar2.trainer import state as st
 from rstar2.trainer.batch import Rollout, rollout_metrics, select
 from rstar2.trainer.curves import plot_curves
 from rstar2.trainer.rollout import collect, load_rollouts, save_rollouts
+from rstar2.trainer.sinks import MetricSinks
 
 METRICS = "metrics.jsonl"
 _SUMMARY_KEYS = ("reward_mean", "num_prompts_kept", "tool_calls_per_traj", "response_tokens_mean")
@@ -75,6 +76,7 @@ class Trainer:
         self.template: ChatTemplate | None = None
         self.policy_path = cfg.model.path
         self.state = st.TrainerState()
+        self.sinks: MetricSinks | None = None
 
     # ---- set-up ----
 
@@ -99,6 +101,7 @@ class Trainer:
         self.rng = st.rng_from_json([], self.cfg.seed)
         if resume:
             self._restore()
+        self.sinks = MetricSinks(self.cfg.logging, self.run_dir, self.cfg.model_dump(mode="json"))
 
     def _initial_policy(self) -> str:
         cfg = self.cfg
@@ -498,6 +501,8 @@ class Trainer:
     def _log(self, record: dict[str, Any]) -> None:
         with open(self.run_dir / METRICS, "a") as fh:
             fh.write(json.dumps(record) + "\n")
+        if self.sinks is not None:
+            self.sinks.log(record)
 
     def _say(self, line: str) -> None:
         print(line, flush=True)
@@ -578,13 +583,17 @@ async def _open_engines(cfg: Config, model_path: str) -> tuple[list[Any], Any]:
 
         from rstar2.rollout.ray_engine import RayEngine
 
-        if not ray.is_initialized():
+        started = not ray.is_initialized()
+        if started:  # joins RAY_ADDRESS's cluster when set, else starts a local one
             ray.init(include_dashboard=False, log_to_driver=False)
-        remote = [await RayEngine.create(econf) for _ in range(r.num_engines)]
+        gpus = r.tensor_parallel_size if cfg.cluster.accelerator != "cpu" else 0
+        remote = [await RayEngine.create(econf, num_gpus=gpus) for _ in range(r.num_engines)]
 
         async def close_remote() -> None:
             for e in remote:
                 await e.shutdown()
+            if started:
+                ray.shutdown()
 
         return list(remote), close_remote
     local = [await VLLMEngine.create(econf) for _ in range(r.num_engines)]
@@ -670,4 +679,8 @@ async def run_train(
     trainer.save_rollouts_dir = save_rollouts_dir
     trainer.replay_rollouts_dir = replay_rollouts_dir
     trainer.prepare(resume=resume)
-    return await trainer.run()
+    try:
+        return await trainer.run()
+    finally:
+        if trainer.sinks is not None:
+            trainer.sinks.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rstar2.agent.loop import AgentSettings, Trajectory
+from rstar2.data.schema import DataError
 from rstar2.trainer.batch import Rollout
 
 RunFn = Callable[[list[int], AgentSettings], Awaitable[Trajectory]]
@@ -88,15 +89,15 @@ def save_rollouts(folder: Path, step: int, groups: Sequence[Sequence[Rollout]]) 
 
 
 def load_rollouts(folder: Path, step: int) -> list[list[Rollout]]:
-    """The groups saved for ``step``; FileNotFoundError / ValueError say what is missing."""
+    """The groups saved for ``step``; DataError says what is missing or malformed."""
     path = rollout_file(folder, step)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: no rollouts were saved for step {step}")
+        raise DataError(f"{path} does not exist: no rollouts were saved for step {step}")
     groups: dict[int, list[Rollout]] = {}
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         try:
             r = Rollout.from_json(json.loads(line))
         except (json.JSONDecodeError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path}:{lineno}: {exc}") from None
+            raise DataError(f"{path}:{lineno}: {exc}") from None
         groups.setdefault(r.group, []).append(r)
     return [sorted(groups[g], key=lambda r: r.sample) for g in sorted(groups)]

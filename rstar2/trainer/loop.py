@@ -616,16 +616,20 @@ async def _open_sandbox(cfg: Config) -> tuple[Any, Any]:
     from sandbox_pool.pool import PoolConfig, SandboxPool
     from sandbox_pool.protocol import Limits
 
-    pool = SandboxPool(
-        PoolConfig(
-            num_workers=s.num_workers,
-            limits=Limits(
-                timeout_s=s.max_execution_time_s,
-                memory_mb=s.max_memory_mb,
-                max_output_chars=s.max_output_chars,
-            ),
-        )
+    config = PoolConfig(
+        num_workers=s.num_workers,
+        limits=Limits(
+            timeout_s=s.max_execution_time_s,
+            memory_mb=s.max_memory_mb,
+            max_output_chars=s.max_output_chars,
+        ),
     )
+    if cfg.cluster.ray:  # the engines' Ray cluster is up (opened first)
+        from rstar2.rollout.ray_sandbox import RaySandbox
+
+        remote = await RaySandbox.create(config)
+        return remote, remote.close
+    pool = SandboxPool(config)
     await pool.start()
     return pool, pool.close
 

@@ -106,6 +106,9 @@ async def open_engine(
         return server, server.close
     from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
 
+    limit = model_context_tokens(args.model)
+    if limit is not None and max_model_len > limit:
+        max_model_len = limit  # answers longer than the model's context stop for length
     local = await VLLMEngine.create(
         VLLMEngineConfig(model_path=args.model, max_model_len=max_model_len, dtype=args.dtype)
     )
@@ -114,6 +117,19 @@ async def open_engine(
         local.shutdown()
 
     return local, close
+
+
+def model_context_tokens(model_dir: str) -> int | None:
+    """The model folder's ``max_position_embeddings`` (None when it does not say)."""
+    import json
+    from pathlib import Path
+
+    path = Path(model_dir) / "config.json"
+    try:
+        value = json.loads(path.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return int(value) if isinstance(value, int | float) and value > 0 else None
 
 
 async def open_sandbox(args: argparse.Namespace) -> tuple[Sandbox, Any]:

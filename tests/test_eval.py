@@ -74,3 +74,11 @@ def test_eval_of_the_tool_model_writes_reports(tool_model_dir: Path, tmp_path: P
     assert s["avg@2"] == pytest.approx(sum(p["accuracy"] for p in report["problems"]) / 3)
     assert s["avg@2"] >= 2 / 3
     assert "avg@2" in proc.stdout and (out / "report.md").read_text().count("\n| ") >= 6
+
+
+def test_engine_context_is_capped_at_the_models(tmp_path: Path) -> None:
+    from rstar2.chat import model_context_tokens
+
+    assert model_context_tokens(str(tmp_path)) is None  # no config.json
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 2048}')
+    assert model_context_tokens(str(tmp_path)) == 2048

@@ -120,7 +120,11 @@ class VLLMEngine:
             # every later subprocess of ours (sandbox zygotes, reward workers) and slow them.
             os.environ.clear()
             os.environ.update(environ)
-        return cls(llm, config, tap)
+        engine = cls(llm, config, tap)
+        # vLLM keeps this frame alive; holding the AsyncLLM here would outlive shutdown() and
+        # make its finaliser run at interpreter exit, against half-torn-down modules
+        del llm
+        return engine
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingSettings) -> Generation:
         from vllm import SamplingParams

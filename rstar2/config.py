@@ -109,6 +109,11 @@ class RolloutConfig(_Section):
     enforce_eager: bool = Field(
         False, description="Disable CUDA graphs / torch.compile in the engines (CPU: true)."
     )
+    enable_prefix_caching: bool = Field(
+        True,
+        description="Reuse cached prompt prefixes. False makes a trajectory's tokens independent "
+        "of what else the engine had cached (bit-exact resume on CPU), at the cost of prefills.",
+    )
 
 
 class AgentConfig(_Section):

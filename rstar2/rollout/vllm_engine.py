@@ -38,6 +38,9 @@ class VLLMEngineConfig:
     # Off on CPU by default: a partly prefilled request makes vLLM rewind its seeded sampler,
     # which CPU generators cannot do, so per-request seeds need whole-prompt prefills there.
     enable_chunked_prefill: bool | None = None
+    # Off: every request prefills its whole context, so its tokens cannot depend on whether a
+    # prefix was cached (KV computed in a prefill and in decode steps differs in the last bits)
+    enable_prefix_caching: bool = True
 
 
 class _StatsTap:
@@ -106,7 +109,7 @@ class VLLMEngine:
             worker_extension_cls=WORKER_EXTENSION,
             # one GPU: the worker runs inside the engine-core process (2 processes, not 3)
             distributed_executor_backend="uni" if config.tensor_parallel_size == 1 else None,
-            enable_prefix_caching=True,
+            enable_prefix_caching=config.enable_prefix_caching,
             enable_chunked_prefill=chunked,
         )
         # A fresh tap class per engine: its class attributes hold this engine's stats.

@@ -577,6 +577,7 @@ async def _open_engines(cfg: Config, model_path: str) -> tuple[list[Any], Any]:
         gpu_memory_utilization=r.gpu_memory_utilization,
         tensor_parallel_size=r.tensor_parallel_size,
         kv_cache_space_gb=r.kv_cache_space_gb,
+        enable_prefix_caching=r.enable_prefix_caching,
     )
     if cfg.cluster.ray:
         import ray

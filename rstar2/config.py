@@ -129,6 +129,12 @@ class AgentConfig(_Section):
     tool_response_truncate_side: Literal["left", "middle", "right"] = Field(
         "middle", description="Which part of an over-long tool output is cut."
     )
+    tool_response_execution_time: bool = Field(
+        True,
+        description="End each tool response with 'execution time: X.XXs' (rStar2's format). "
+        "False: a response depends on the code alone, not on the machine's load, as bit-exact "
+        "resume needs.",
+    )
     system_prompt: str | None = Field(
         None,
         description="System prompt; None: the model folder's rstar2_prompt.json, else rStar2's.",

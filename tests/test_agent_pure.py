@@ -105,6 +105,11 @@ def test_tool_response_text_and_truncation():
     assert format_result(bad) == (
         "Tool call failure\nreason: worker_timeout\nstderr: TimeoutError\nexecution time: 4.00s"
     )
+    slow = ExecResult(status="ok", stdout="42\n", exit_code=0, duration_s=0.5)
+    assert format_result(ok, show_execution_time=False) == "Tool call success\nstdout: 42\n"
+    assert format_result(slow, show_execution_time=False) == format_result(
+        ok, show_execution_time=False
+    )
     text = "a" * 10 + "b" * 10
     assert truncate(text, 8, "middle") == "aaaa...(truncated)...bbbb"
     assert truncate(text, 8, "left") == "aaaaaaaa...(truncated)"

@@ -56,6 +56,8 @@ def config_file(tool_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
             "enable_prefix_caching": False,
         },
         "sandbox": {"num_workers": 2},
+        # a loaded machine reads 0.01 s where an idle one read 0.00 s: the model must not see it
+        "agent": {"tool_response_execution_time": False},
         "reward": {"num_workers": 1},
         "augmentation": {
             "down_sampling_config": {

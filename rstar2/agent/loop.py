@@ -47,6 +47,7 @@ class AgentSettings:
     max_parallel_tool_calls: int = 4
     tool_response_max_chars: int = 256
     tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
+    tool_response_execution_time: bool = True
     tool_timeout_s: float | None = None
 
 
@@ -166,7 +167,7 @@ async def _run_tools(
         if result.status != "ok" or result.exit_code != 0:
             traj.num_tool_errors += 1
         return truncate(
-            format_result(result),
+            format_result(result, show_execution_time=settings.tool_response_execution_time),
             settings.tool_response_max_chars,
             settings.tool_response_truncate_side,
         )

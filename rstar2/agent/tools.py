@@ -6,8 +6,8 @@ becomes that call's tool response ("Failed to decode tool call: …"), never dro
 ``max_parallel_calls`` are answered with an error too.
 
 Responses read like the public port's: ``Tool call success`` or ``Tool call failure`` and
-``reason: …``, then ``stdout: …``, ``stderr: …`` and ``execution time: X.XXs``, truncated to
-``max_chars`` on the configured side.
+``reason: …``, then ``stdout: …``, ``stderr: …`` and (optionally) ``execution time: X.XXs``,
+truncated to ``max_chars`` on the configured side.
 """
 
 from __future__ import annotations
@@ -107,8 +107,12 @@ def _parse_one(body: str, names: set[str]) -> ToolCall | ParseError:
 _REASONS = {"timeout": "worker_timeout", "internal_error": "internal_error"}
 
 
-def format_result(result: ExecResult) -> str:
-    """The port's tool-response text for one execution."""
+def format_result(result: ExecResult, *, show_execution_time: bool = True) -> str:
+    """The port's tool-response text for one execution.
+
+    Without the execution-time line the text depends on the code alone: a wall-clock figure
+    can read 0.00 s in one run and 0.01 s in another, and the model sees it.
+    """
     ok = result.status == "ok" and result.exit_code == 0
     parts = ["Tool call success" if ok else "Tool call failure"]
     if not ok:
@@ -117,7 +121,8 @@ def format_result(result: ExecResult) -> str:
         parts.append(f"stdout: {result.stdout}")
     if result.stderr:
         parts.append(f"stderr: {result.stderr}")
-    parts.append(f"execution time: {result.duration_s:.2f}s")
+    if show_execution_time:
+        parts.append(f"execution time: {result.duration_s:.2f}s")
     return "\n".join(parts)
 
 

@@ -551,6 +551,7 @@ def _agent_settings(cfg: Config, max_turns: int, max_tokens: int) -> AgentSettin
         max_parallel_tool_calls=a.max_parallel_tool_calls,
         tool_response_max_chars=a.tool_response_max_chars,
         tool_response_truncate_side=a.tool_response_truncate_side,
+        tool_response_execution_time=a.tool_response_execution_time,
         tool_timeout_s=cfg.sandbox.max_execution_time_s,
     )
 

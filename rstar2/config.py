@@ -347,8 +347,9 @@ class ClusterConfig(_Section):
     gpus_per_node: int = Field(8, ge=0, description="Accelerators per node (0 on CPU).")
     ray: bool = Field(
         False,
-        description="Place the rollout engines in Ray actors (joins a running cluster, else "
-        "starts a local one); false: everything in the trainer's process.",
+        description="Place the learner, the rollout engines and the embedded sandbox pool in Ray "
+        "actors (joins a running cluster, else starts a local one); false: everything in the "
+        "trainer's process.",
     )
 
 

@@ -173,7 +173,9 @@ def test_replay_reproduces_the_updates_without_engines(config_file: Path, full_r
     assert replay == full
 
 
-def test_engines_in_ray_actors_give_the_same_steps(config_file: Path, full_run: Path) -> None:
+def test_learner_engines_and_sandbox_in_ray_actors_give_the_same_steps(
+    config_file: Path, full_run: Path
+) -> None:
     cfg = yaml.safe_load(config_file.read_text())
     cfg["cluster"]["ray"] = True
     cfg["stages"] = cfg["stages"][:1]
@@ -185,6 +187,7 @@ def test_engines_in_ray_actors_give_the_same_steps(config_file: Path, full_run: 
     args = ["train", "--config", str(ray_config), "--run-dir", str(run_dir), "--quiet"]
     res = run_cli(*args, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "learner: in a Ray actor on cpu" in res.stdout
     ray_steps = [r for r in _metrics(run_dir) if "reward_mean" in r]
     full = [r for r in _metrics(full_run) if "reward_mean" in r]
     assert ray_steps == full[:2]

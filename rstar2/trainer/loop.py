@@ -97,7 +97,19 @@ class Trainer:
             spec: self._load_problems([spec], "data.eval_datasets")
             for spec in self.cfg.data.eval_datasets
         }
-        self.learner = TorchLearner(_learner_settings(self.cfg, self.policy_path))
+        settings = _learner_settings(self.cfg, self.policy_path)
+        if self.cfg.cluster.ray:
+            from rstar2.learner.ray_learner import RayLearner
+
+            # on CPU the learner shares the cores with the engines (they take turns); Ray's
+            # CPU count is what it schedules by, so it asks for none
+            gpu = self.cfg.cluster.accelerator != "cpu"
+            self.learner = RayLearner.create(
+                settings, num_cpus=1 if gpu else 0, num_gpus=1 if gpu else 0
+            )
+            self._say(f"learner: in a Ray actor on {self.learner.device}")
+        else:
+            self.learner = TorchLearner(settings)
         self.rng = st.rng_from_json([], self.cfg.seed)
         if resume:
             self._restore()
@@ -580,22 +592,15 @@ async def _open_engines(cfg: Config, model_path: str) -> tuple[list[Any], Any]:
         kv_cache_space_gb=r.kv_cache_space_gb,
         enable_prefix_caching=r.enable_prefix_caching,
     )
-    if cfg.cluster.ray:
-        import ray
-
+    if cfg.cluster.ray:  # run_train started or joined the cluster
         from rstar2.rollout.ray_engine import RayEngine
 
-        started = not ray.is_initialized()
-        if started:  # joins RAY_ADDRESS's cluster when set, else starts a local one
-            ray.init(include_dashboard=False, log_to_driver=False)
         gpus = r.tensor_parallel_size if cfg.cluster.accelerator != "cpu" else 0
         remote = [await RayEngine.create(econf, num_gpus=gpus) for _ in range(r.num_engines)]
 
         async def close_remote() -> None:
             for e in remote:
                 await e.shutdown()
-            if started:
-                ray.shutdown()
 
         return list(remote), close_remote
     local = [await VLLMEngine.create(econf) for _ in range(r.num_engines)]
@@ -626,7 +631,7 @@ async def _open_sandbox(cfg: Config) -> tuple[Any, Any]:
             max_output_chars=s.max_output_chars,
         ),
     )
-    if cfg.cluster.ray:  # the engines' Ray cluster is up (opened first)
+    if cfg.cluster.ray:  # run_train started or joined the cluster
         from rstar2.rollout.ray_sandbox import RaySandbox
 
         remote = await RaySandbox.create(config)
@@ -684,9 +689,20 @@ async def run_train(
     trainer = Trainer(cfg, run_dir, quiet=quiet)
     trainer.save_rollouts_dir = save_rollouts_dir
     trainer.replay_rollouts_dir = replay_rollouts_dir
-    trainer.prepare(resume=resume)
+    started_ray = False
+    if cfg.cluster.ray:
+        import ray
+
+        if not ray.is_initialized():  # joins RAY_ADDRESS's cluster when set, else a local one
+            ray.init(include_dashboard=False, log_to_driver=False)
+            started_ray = True
     try:
+        trainer.prepare(resume=resume)
         return await trainer.run()
     finally:
         if trainer.sinks is not None:
             trainer.sinks.close()
+        if cfg.cluster.ray and trainer.learner is not None:
+            trainer.learner.close()
+        if started_ray:
+            ray.shutdown()

@@ -124,17 +124,8 @@ def run_sft(cfg: Config, run_dir: Path, *, quiet: bool = False) -> dict[str, Any
     if not seqs:
         raise DataError(f"no conversation fits sft.max_seq_tokens={cfg.sft.max_seq_tokens}")
     learner = TorchLearner(
-        TorchLearnerSettings(
-            model_path=cfg.model.path,
-            lr=cfg.sft.lr,
-            warmup_steps=cfg.sft.warmup_steps,
-            weight_decay=cfg.optim.weight_decay,
-            betas=cfg.optim.betas,
-            grad_clip_norm=cfg.optim.grad_clip_norm,
-            micro_batch_tokens=cfg.learner.micro_batch_tokens_per_gpu,
-            activation_checkpointing=cfg.learner.activation_checkpointing,
-            device="cpu" if cfg.cluster.accelerator == "cpu" else "auto",
-            seed=cfg.seed,
+        TorchLearnerSettings.from_config(
+            cfg, cfg.model.path, lr=cfg.sft.lr, warmup_steps=cfg.sft.warmup_steps
         )
     )
     rng = random.Random(cfg.seed)

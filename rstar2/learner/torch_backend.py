@@ -18,7 +18,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,9 @@ import torch.distributed as dist
 from rstar2.algo.loss import LossSettings, policy_loss
 from rstar2.learner.packing import MicroBatch, pack, plan, unpack
 from rstar2.learner.protocol import TrainSequence
+
+if TYPE_CHECKING:
+    from rstar2.config import Config
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +48,32 @@ class TorchLearnerSettings:
     # for a Qwen3-1.7B shape on an H200), sdpa on CPU
     attn_implementation: str = "auto"
     seed: int = 0
+
+    @classmethod
+    def from_config(
+        cls, cfg: Config, model_path: str, *, lr: float, warmup_steps: int
+    ) -> TorchLearnerSettings:
+        """The settings a run's config gives (optimizer, micro-batches, loss, device); the
+        learning rate and warm-up differ between SFT and RL, so the caller names them."""
+        a = cfg.algorithm
+        return cls(
+            model_path=model_path,
+            lr=lr,
+            warmup_steps=warmup_steps,
+            weight_decay=cfg.optim.weight_decay,
+            betas=cfg.optim.betas,
+            grad_clip_norm=cfg.optim.grad_clip_norm,
+            micro_batch_tokens=cfg.learner.micro_batch_tokens_per_gpu,
+            activation_checkpointing=cfg.learner.activation_checkpointing,
+            loss=LossSettings(
+                clip_ratio_low=a.clip_ratio_low,
+                clip_ratio_high=a.clip_ratio_high,
+                dual_clip_c=a.dual_clip_c,
+                loss_agg_mode=a.loss_agg_mode,
+            ),
+            device="cpu" if cfg.cluster.accelerator == "cpu" else "auto",
+            seed=cfg.seed,
+        )
 
 
 class TorchLearner:

@@ -530,27 +530,10 @@ def _check_supported(cfg: Config) -> None:
 
 
 def _learner_settings(cfg: Config, model_path: str) -> Any:
-    from rstar2.algo.loss import LossSettings
     from rstar2.learner.torch_backend import TorchLearnerSettings
 
-    a = cfg.algorithm
-    return TorchLearnerSettings(
-        model_path=model_path,
-        lr=cfg.optim.lr,
-        warmup_steps=cfg.optim.warmup_steps,
-        weight_decay=cfg.optim.weight_decay,
-        betas=cfg.optim.betas,
-        grad_clip_norm=cfg.optim.grad_clip_norm,
-        micro_batch_tokens=cfg.learner.micro_batch_tokens_per_gpu,
-        activation_checkpointing=cfg.learner.activation_checkpointing,
-        loss=LossSettings(
-            clip_ratio_low=a.clip_ratio_low,
-            clip_ratio_high=a.clip_ratio_high,
-            dual_clip_c=a.dual_clip_c,
-            loss_agg_mode=a.loss_agg_mode,
-        ),
-        device="cpu" if cfg.cluster.accelerator == "cpu" else "auto",
-        seed=cfg.seed,
+    return TorchLearnerSettings.from_config(
+        cfg, model_path, lr=cfg.optim.lr, warmup_steps=cfg.optim.warmup_steps
     )
 
 

@@ -1,9 +1,13 @@
 """The toy task behind README command 1: arithmetic word problems that need the Python tool.
 
-Each problem asks for a product of two multi-digit numbers or a sum of three, wrapped in a short
-story ("A crate holds 47 jars. How many jars are in 86 crates?"). A tiny model cannot multiply
-in its head, so a correct answer takes one tool call whose code copies the operands with the
-right operation, then copying the printed result into ``\\boxed{}``.
+Each problem asks for a product of two 2-digit numbers, a sum of three 3-digit numbers, wrapped in
+a short story ("A crate holds 47 jars. How many jars are in 86 crates?"), or both the product and
+the sum of two 2-digit numbers. A tiny model cannot multiply in its head, so a correct answer
+takes a tool call per result whose code copies the operands with the right operation (the
+product-and-sum problems make two calls in one turn), then copying the printed results into
+``\\boxed{}``. The SFT tool responses end with an execution time drawn from 0.00-0.03 s, as
+the sandbox reports: without that line the tiny model learned to copy the printed result far
+worse (SFT NLL 0.15 instead of 0.04, 0% held-out accuracy).
 
 :func:`make_rows` gives rStar2 prompt rows (train and held-out splits never share a problem),
 :func:`sft_conversation` the tool-call conversation that solves one row, in the shape
@@ -31,6 +35,11 @@ _PRODUCT_STORIES = (
     "Each bus carries {a} people. How many people do {b} buses carry?",
     "A book has {a} pages and a shelf holds {b} such books. How many pages are on the shelf?",
 )
+_PAIR_STORIES = (
+    "What are the product and the sum of {a} and {b}?",
+    "Find {a} times {b}, and {a} plus {b}.",
+    "A box has {a} rows of {b} eggs. How many eggs is that, and what is {a} plus {b}?",
+)
 _SUM_STORIES = (
     "Ann has {a} stamps, Ben has {b} and Cal has {c}. How many stamps do they have together?",
     "A shop sold {a} pens on Monday, {b} on Tuesday and {c} on Wednesday. How many pens in all?",
@@ -39,15 +48,21 @@ _SUM_STORIES = (
 )
 
 
-def make_problem(rng: random.Random) -> tuple[str, str, str]:
-    """(problem text, python expression, answer) for one random problem."""
-    if rng.random() < 0.5:
+def make_problem(rng: random.Random) -> tuple[str, tuple[str, ...], str]:
+    """(problem text, one python expression per result, answer) for one random problem: 40%
+    products, 30% sums, 30% product and sum (answer ``"P, S"``)."""
+    kind = rng.random()
+    if kind < 0.4:
         a, b = rng.randint(12, 99), rng.randint(12, 99)
         story = rng.choice(_PRODUCT_STORIES).format(a=a, b=b)
-        return story, f"{a}*{b}", str(a * b)
-    a, b, c = (rng.randint(101, 999) for _ in range(3))
-    story = rng.choice(_SUM_STORIES).format(a=a, b=b, c=c)
-    return story, f"{a}+{b}+{c}", str(a + b + c)
+        return story, (f"{a}*{b}",), str(a * b)
+    if kind < 0.7:
+        a, b, c = (rng.randint(101, 999) for _ in range(3))
+        story = rng.choice(_SUM_STORIES).format(a=a, b=b, c=c)
+        return story, (f"{a}+{b}+{c}",), str(a + b + c)
+    a, b = rng.randint(12, 99), rng.randint(12, 99)
+    story = rng.choice(_PAIR_STORIES).format(a=a, b=b)
+    return story, (f"{a}*{b}", f"{a}+{b}"), f"{a * b}, {a + b}"
 
 
 def make_rows(num_rows: int, *, split: str, seed: int, exclude: Sequence[str] = ()) -> list[dict]:
@@ -56,7 +71,7 @@ def make_rows(num_rows: int, *, split: str, seed: int, exclude: Sequence[str] = 
     seen = set(exclude)
     rows: list[dict[str, Any]] = []
     while len(rows) < num_rows:
-        problem, expr, answer = make_problem(rng)
+        problem, exprs, answer = make_problem(rng)
         if problem in seen:
             continue
         seen.add(problem)
@@ -67,7 +82,7 @@ def make_rows(num_rows: int, *, split: str, seed: int, exclude: Sequence[str] = 
                 origin=ORIGIN,
                 split=split,
                 index=len(rows),
-                extra={"expression": expr},
+                extra={"expressions": list(exprs)},
             )
         )
     return rows
@@ -104,22 +119,28 @@ def tool_call_text(code: str, tool_name: str = DEFAULT_TOOL_NAME) -> str:
 
 
 def sft_conversation(row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
-    """The solving conversation of ``row``: one tool call, its response, the boxed answer."""
-    expr = str(row["extra_info"]["expression"])
+    """The solving conversation of ``row``: one tool call per expression (all in one turn), their
+    responses as the agent loop renders them, the boxed answer."""
+    exprs = [str(e) for e in row["extra_info"]["expressions"]]
     answer = str(row["reward_model"]["ground_truth"])
-    seconds = rng.choice((0.0, 0.0, 0.01, 0.01, 0.02, 0.03))
-    response = format_result(
-        ExecResult(status="ok", stdout=f"{answer}\n", stderr="", exit_code=0, duration_s=seconds)
-    )
+    values = answer.split(", ")
+    calls = "\n".join(tool_call_text(f"print({e})") for e in exprs)
+    tools = [
+        {"role": "tool", "content": truncate(_response(value, rng), 256, "middle")}
+        for value in values
+    ]
     boxed = f"<answer>\\boxed{{{answer}}}</answer>"
     return {
         "messages": [
             {"role": "user", "content": row["prompt"][0]["content"]},
-            {
-                "role": "assistant",
-                "content": f"I will compute {expr}.\n" + tool_call_text(f"print({expr})"),
-            },
-            {"role": "tool", "content": truncate(response, 256, "middle")},
+            {"role": "assistant", "content": f"I will compute {' and '.join(exprs)}.\n" + calls},
+            *tools,
             {"role": "assistant", "content": f"The result is {answer}.</reason>\n" + boxed},
         ]
     }
+
+
+def _response(value: str, rng: random.Random) -> str:
+    seconds = rng.choice((0.0, 0.0, 0.01, 0.01, 0.02, 0.03))
+    ok = ExecResult(status="ok", stdout=f"{value}\n", stderr="", exit_code=0, duration_s=seconds)
+    return format_result(ok)

@@ -151,7 +151,7 @@ def test_trajectory_seeds_differ() -> None:
 
 
 def test_toy_data_is_disjoint_correct_and_matches_the_shipped_heldout(tmp_path: Path) -> None:
-    from rstar2.agent.tools import parse_tool_calls
+    from rstar2.agent.tools import ToolCall, parse_tool_calls
     from rstar2.toy import write_toy_data
 
     paths = write_toy_data(tmp_path, num_sft=300, num_train=200, num_heldout=100, seed=0)
@@ -163,15 +163,21 @@ def test_toy_data_is_disjoint_correct_and_matches_the_shipped_heldout(tmp_path: 
     problems = [c["messages"][0]["content"] for c in sft]
     problems += [r["prompt"][0]["content"] for r in train + heldout]
     assert len(problems) == len(set(problems)) == 600
-    for conv in sft[:50]:
-        user, call, tool, final = conv["messages"]
-        (parsed,) = parse_tool_calls(call["content"])
-        value = str(eval(parsed.code.removeprefix("print(").removesuffix(")")))
-        assert f"stdout: {value}\n" in tool["content"]
-        assert final["content"].endswith(f"\\boxed{{{value}}}</answer>")
-        assert all(
-            part in user["content"] for part in parsed.code[6:-1].replace("*", "+").split("+")
-        )
+    calls_per_conv = []
+    for conv in sft[:100]:
+        user, call, *tools, final = conv["messages"]
+        parsed = parse_tool_calls(call["content"])
+        assert len(parsed) == len(tools) and [t["role"] for t in tools] == ["tool"] * len(tools)
+        values = []
+        for one, tool in zip(parsed, tools, strict=True):
+            assert isinstance(one, ToolCall)
+            expr = one.code.removeprefix("print(").removesuffix(")")
+            values.append(str(eval(expr)))
+            assert tool["content"].startswith(f"Tool call success\nstdout: {values[-1]}\n\n")
+            assert all(part in user["content"] for part in expr.replace("*", "+").split("+"))
+        assert final["content"].endswith(f"\\boxed{{{', '.join(values)}}}</answer>")
+        calls_per_conv.append(len(parsed))
+    assert set(calls_per_conv) == {1, 2}  # the product-and-sum problems call twice
     again = write_toy_data(tmp_path / "again", num_sft=300, num_train=200, num_heldout=100)
     assert again["sft"].read_text() == paths["sft"].read_text()
 

@@ -1,7 +1,7 @@
 """Trace-replay simulator of rollout scheduling policies (see :mod:`scheduler.sim` for the model).
 
     python -m perf.rollout_sim --trace FILE|paper --engines N --kv-tokens K --policy P|all
-        [--seed S]
+        [--seed S] [--prefill-tokens-per-s R]
 
 ``--trace paper`` generates the paper-like trace of :func:`scheduler.trace.paper_like` (512
 prompts x 16 trajectories; ``--prompts`` / ``--samples`` scale it). Prints a table, then one JSON
@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from scheduler.core import POLICIES, SchedulerError, SchedulerSettings
-from scheduler.sim import SimSettings, simulate
+from scheduler.sim import SimSettings, StepCostModel, simulate
 from scheduler.trace import TraceError, TraceRow, load_trace, paper_like
 
 
@@ -40,6 +40,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         kv_tokens=args.kv_tokens,
         max_num_seqs=args.max_num_seqs,
         max_response_tokens=args.max_response_tokens,
+        cost=StepCostModel()
+        if args.prefill_tokens_per_s is None
+        else StepCostModel(per_token_s=1.0 / args.prefill_tokens_per_s),
     )
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
     gen = sum(r.response_tokens for r in rows)
@@ -74,6 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "engines": args.engines,
         "kv_tokens": args.kv_tokens,
         "max_num_seqs": args.max_num_seqs,
+        "prefill_tokens_per_s": round(1.0 / settings.cost.per_token_s, 1),
         "seed": args.seed,
         "policies": results,
     }
@@ -99,9 +103,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=16, help="--trace paper: per prompt")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="engine batch limit")
     parser.add_argument("--max-response-tokens", type=int, default=12_288)
+    parser.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=None,
+        help="one engine's compute rate in tokens/s, the step-time cost of each prefill or "
+        "decode token (default ~21,300: 14B at ~600 effective TFLOP/s); measure yours with a "
+        "prefill benchmark",
+    )
     args = parser.parse_args(argv)
-    if args.engines < 1 or args.kv_tokens < 1 or args.max_num_seqs < 1:
-        print("error: --engines, --kv-tokens and --max-num-seqs must be positive", file=sys.stderr)
+    rate = args.prefill_tokens_per_s
+    if min(args.engines, args.kv_tokens, args.max_num_seqs, 1 if rate is None else rate) <= 0:
+        print(
+            "error: --engines, --kv-tokens, --max-num-seqs and --prefill-tokens-per-s must be "
+            "positive",
+            file=sys.stderr,
+        )
         return 2
     try:
         run(args)

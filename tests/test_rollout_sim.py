@@ -136,6 +136,28 @@ def test_cli_prints_a_table_then_one_json_line(tmp_path: Path) -> None:
     assert any(line.startswith("kv_affinity") for line in lines[:-1])
 
 
+def test_cli_compute_rate_scales_the_step_cost(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write_trace(paper_like(num_prompts=4, samples_per_prompt=4), path)
+    base = ["--trace", str(path), "--engines", "2", "--policy", "round_robin"]
+    makespans = {}
+    for rate in ("21000", "7000"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "perf.rollout_sim", *base, "--prefill-tokens-per-s", rate],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert out["prefill_tokens_per_s"] == float(rate)
+        makespans[rate] = out["policies"]["round_robin"]["makespan_s"]
+    # a third of the compute rate: every step's per-token part takes three times as long (the
+    # fixed per-step cost and the tool latency do not change, so the makespan grows less)
+    assert makespans["7000"] > makespans["21000"]
+
+
 def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text("not json\n")

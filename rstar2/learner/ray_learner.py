@@ -112,7 +112,7 @@ class RayLearner:
 
     def train_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
         metrics: dict[str, float] = self._call("train_step", list(batch))
-        self._step = int(self._call("step"))
+        self._step = int(metrics["step"])  # the learner reports its step after the update
         return metrics
 
     def save(self, path: str | Path) -> None:

@@ -1,12 +1,16 @@
 """Trace-replay simulator of rollout scheduling policies (see :mod:`scheduler.sim` for the model).
 
     python -m perf.rollout_sim --trace FILE|paper --engines N --kv-tokens K --policy P|all
-        [--seed S] [--prefill-tokens-per-s R]
+        [--seed S] [--prefill-tokens-per-s R | --cost FILE]
 
 ``--trace paper`` generates the paper-like trace of :func:`scheduler.trace.paper_like` (512
 prompts x 16 trajectories; ``--prompts`` / ``--samples`` scale it). Prints a table, then one JSON
 line with, per policy: makespan_s, busy_fraction, preemptions, recomputed_tokens,
 generated_tokens, p50/p99 trajectory latency. Exit 2 with one line on a bad argument or trace.
+
+The engine step cost defaults to :class:`scheduler.sim.StepCostModel`'s assumed MI300X figures;
+``--cost FILE`` takes the three constants that ``python -m perf.step_cost --out FILE`` measured
+on a GPU (perf/results/step-cost-h200.json is one).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from scheduler.core import POLICIES, SchedulerError, SchedulerSettings
@@ -33,16 +39,46 @@ def _rows(args: argparse.Namespace) -> list[TraceRow]:
     return load_trace(args.trace)
 
 
+class CostFileError(ValueError):
+    """A --cost file that is not a step-cost JSON."""
+
+
+def load_cost(path: str) -> StepCostModel:
+    """The StepCostModel in a ``perf.step_cost`` JSON (its ``cost`` object, or the constants at
+    the top level); ``per_decode_token_s`` is optional."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CostFileError(f"--cost {path}: {exc}") from exc
+    cost = data.get("cost", data) if isinstance(data, dict) else None
+    keys = ("step_base_s", "per_token_s", "per_kv_token_s")
+    if not isinstance(cost, dict) or not all(k in cost for k in keys):
+        raise CostFileError(f"--cost {path}: expected a JSON object with {', '.join(keys)}")
+    values = {k: cost[k] for k in (*keys, "per_decode_token_s") if cost.get(k) is not None}
+    bad = [
+        k
+        for k, v in values.items()
+        if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0
+    ]
+    if bad:
+        raise CostFileError(f"--cost {path}: {', '.join(bad)} must be positive numbers")
+    return StepCostModel(**{k: float(v) for k, v in values.items()})
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = _rows(args)
+    if args.cost is not None:
+        cost = load_cost(args.cost)
+    elif args.prefill_tokens_per_s is not None:
+        cost = StepCostModel(per_token_s=1.0 / args.prefill_tokens_per_s)
+    else:
+        cost = StepCostModel()
     settings = SimSettings(
         num_engines=args.engines,
         kv_tokens=args.kv_tokens,
         max_num_seqs=args.max_num_seqs,
         max_response_tokens=args.max_response_tokens,
-        cost=StepCostModel()
-        if args.prefill_tokens_per_s is None
-        else StepCostModel(per_token_s=1.0 / args.prefill_tokens_per_s),
+        cost=cost,
     )
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
     gen = sum(r.response_tokens for r in rows)
@@ -78,6 +114,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "kv_tokens": args.kv_tokens,
         "max_num_seqs": args.max_num_seqs,
         "prefill_tokens_per_s": round(1.0 / settings.cost.per_token_s, 1),
+        "cost": asdict(settings.cost) | ({"file": args.cost} if args.cost else {}),
         "seed": args.seed,
         "policies": results,
     }
@@ -103,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=16, help="--trace paper: per prompt")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="engine batch limit")
     parser.add_argument("--max-response-tokens", type=int, default=12_288)
-    parser.add_argument(
+    cost = parser.add_mutually_exclusive_group()
+    cost.add_argument(
+        "--cost",
+        help="a perf.step_cost JSON: the engine step-cost constants measured on a GPU",
+    )
+    cost.add_argument(
         "--prefill-tokens-per-s",
         type=float,
         default=None,
@@ -122,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         run(args)
-    except (TraceError, SchedulerError, OSError) as exc:
+    except (TraceError, SchedulerError, CostFileError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -11,11 +11,13 @@ a turn that returns to the engine holding its history prefills only the new toke
 moves re-prefills its history.
 
 Step time (``StepCostModel``) is additive: a fixed cost (weights read once per step), a cost per
-token computed (decode and prefill alike), and a cost per token of KV read by the batch. The
-defaults describe a 14B dense model (Qwen2.5-14B: 48 layers, 8 KV heads x 128 dims, bf16, so
-192 KiB of KV per token) on one MI300X (~5.3 TB/s, ~600 dense TFLOP/s). The default KV capacity,
-640 Ki tokens per engine (~128 GB), is what is left of 0.9 x 192 GB after 29.5 GB of weights and
-~15 GB of activations.
+token computed (prefill; decode tokens too unless ``per_decode_token_s`` prices them apart), and
+a cost per token of KV read by the batch. The defaults describe a 14B dense model (Qwen2.5-14B:
+48 layers, 8 KV heads x 128 dims, bf16, so 192 KiB of KV per token) on one MI300X (~5.3 TB/s,
+~600 dense TFLOP/s), assumed from its datasheet; ``python -m perf.step_cost`` measures the
+constants on a GPU (perf/results/step-cost-h200.json). The default KV capacity, 640 Ki tokens
+per engine (~128 GB), is what is left of 0.9 x 192 GB after 29.5 GB of weights and ~15 GB of
+activations.
 
 Engines advance in runs of steps between events; a request arriving mid-run joins after the
 step in progress, so the model costs O(events log n), not O(steps x batch).
@@ -38,9 +40,16 @@ from scheduler.trace import TraceRow
 
 @dataclass(frozen=True, kw_only=True)
 class StepCostModel:
-    step_base_s: float = 0.005
-    per_token_s: float = 4.7e-5
-    per_kv_token_s: float = 3.7e-8
+    step_base_s: float = 0.005  # every step: the weights read once
+    per_token_s: float = 4.7e-5  # each prefill token (a prompt, a tool result, a recompute)
+    per_kv_token_s: float = 3.7e-8  # each KV token the step's decode attention reads
+    # each decode token (one per running request per step); None: per_token_s. Measured
+    # decode is cheaper than prefill per token: its GEMMs are bound by the weight read
+    per_decode_token_s: float | None = None
+
+    @property
+    def decode_token_s(self) -> float:
+        return self.per_token_s if self.per_decode_token_s is None else self.per_decode_token_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,14 +139,14 @@ class _Engine:
     def _run_time(self, k: int) -> float:
         c = self.s.cost
         n = len(self.running)
-        per_step = c.step_base_s + c.per_token_s * n + c.per_kv_token_s * self.kv_used
+        per_step = c.step_base_s + c.decode_token_s * n + c.per_kv_token_s * self.kv_used
         return self.run_prefill_s + k * per_step + c.per_kv_token_s * n * k * (k - 1) / 2
 
     def _steps_done_by(self, elapsed: float) -> int:
         c = self.s.cost
         n = len(self.running)
         a = c.per_kv_token_s * n / 2
-        b = c.step_base_s + c.per_token_s * n + c.per_kv_token_s * self.kv_used - a
+        b = c.step_base_s + c.decode_token_s * n + c.per_kv_token_s * self.kv_used - a
         rest = elapsed - self.run_prefill_s
         if rest <= 0:
             return 0

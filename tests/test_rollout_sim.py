@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.core import ADMISSION_POLICIES, POLICIES, SchedulerSettings
-from scheduler.sim import SimSettings, simulate
+from scheduler.sim import SimSettings, StepCostModel, simulate
 from scheduler.trace import TraceError, TraceRow, TraceTurn, load_trace, paper_like, write_trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,17 +80,20 @@ def test_overcommitted_engines_preempt_and_recompute() -> None:
     )
 
 
-def test_one_trajectory_alone_costs_what_the_step_model_says() -> None:
-    """Prefill of the prompt, then one step per token; tool latency in between."""
+@pytest.mark.parametrize("per_decode_token_s", [None, 1.5e-5])
+def test_one_trajectory_alone_costs_what_the_step_model_says(per_decode_token_s) -> None:
+    """Prefill of the prompt, then one step per token; tool latency in between. Decode tokens
+    cost per_decode_token_s when it is set, prefill tokens per_token_s."""
     row = TraceRow("a", 100, (TraceTurn(10, 0.5, 20), TraceTurn(5, None)))
-    s = SimSettings(num_engines=1, kv_tokens=10_000)
+    c = StepCostModel(per_decode_token_s=per_decode_token_s)
+    s = SimSettings(num_engines=1, kv_tokens=10_000, cost=c)
     res = simulate([row], s, SchedulerSettings(policy="sticky"))
-    c = s.cost
+    decode = c.per_token_s if per_decode_token_s is None else per_decode_token_s
     turn1 = c.per_token_s * 100 + sum(
-        c.step_base_s + c.per_token_s + c.per_kv_token_s * (100 + i) for i in range(10)
+        c.step_base_s + decode + c.per_kv_token_s * (100 + i) for i in range(10)
     )
     turn2 = c.per_token_s * 20 + sum(
-        c.step_base_s + c.per_token_s + c.per_kv_token_s * (130 + i) for i in range(5)
+        c.step_base_s + decode + c.per_kv_token_s * (130 + i) for i in range(5)
     )
     assert res.makespan_s == pytest.approx(turn1 + 0.5 + turn2, rel=1e-9)
     assert res.recomputed_tokens == 0  # the second turn hits its cached prefix
@@ -170,3 +173,65 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "bad.jsonl:1" in proc.stderr
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=180
+    )
+
+
+def test_measured_step_cost_drives_the_simulator(tmp_path: Path) -> None:
+    """perf.step_cost times the tiny decoder's kernels on this CPU; perf.rollout_sim --cost
+    replays a trace with exactly those constants."""
+    cost_file = tmp_path / "cost.json"
+    proc = _run(
+        "perf.step_cost",
+        "--device",
+        "cpu",
+        "--shape",
+        "tiny",
+        "--prefill-tokens",
+        "64",
+        "--repeats",
+        "1",
+        "--out",
+        str(cost_file),
+    )
+    assert proc.returncode == 0, proc.stderr
+    measured = json.loads(cost_file.read_text())
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == measured
+    keys = {"step_base_s", "per_token_s", "per_decode_token_s", "per_kv_token_s"}
+    assert set(measured["cost"]) == keys and all(v > 0 for v in measured["cost"].values())
+    trace = tmp_path / "t.jsonl"
+    write_trace(paper_like(num_prompts=3, samples_per_prompt=2), trace)
+    proc = _run(
+        "perf.rollout_sim",
+        "--trace",
+        str(trace),
+        "--policy",
+        "kv_affinity",
+        "--cost",
+        str(cost_file),
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {k: out["cost"][k] for k in keys} == measured["cost"]
+    assert out["prefill_tokens_per_s"] == pytest.approx(1 / measured["cost"]["per_token_s"], 1e-3)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[1, 2]", "expected a JSON object"),
+        ('{"cost": {"step_base_s": 0.01, "per_token_s": 1e-5}}', "per_kv_token_s"),
+        ('{"step_base_s": 0.01, "per_token_s": 0, "per_kv_token_s": 1e-8}', "per_token_s must"),
+        ("{", "cost.json"),
+    ],
+)
+def test_bad_cost_file_is_one_line_exit_2(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "cost.json"
+    path.write_text(content)
+    proc = _run("perf.rollout_sim", "--prompts", "2", "--samples", "2", "--cost", str(path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr

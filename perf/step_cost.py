@@ -95,12 +95,25 @@ class _Layer:
         self.down = w(s.intermediate, s.hidden)
         self.lm_head = w(s.hidden, s.vocab)
 
-    def forward(self, x: torch.Tensor, *, causal_attention: bool) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        causal_attention: bool = False,
+        decode_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """x: [tokens, hidden]. With ``causal_attention`` the tokens are one sequence and
-        attend to each other; without it attention is left out (timed on its own)."""
+        attend to each other; with ``decode_kv`` (K and V, [tokens, kv_heads, context,
+        head_dim]) each token is one sequence's next token and attends to its cached context;
+        with neither, attention is left out (timed on its own)."""
         s = self.s
         qkv = x @ self.qkv
-        if causal_attention:
+        if decode_kv is not None:
+            n, group = x.shape[0], s.heads // s.kv_heads
+            # grouped-query decode: each KV head's query heads packed as its queries
+            q = qkv[:, : s.heads * s.head_dim].view(n, s.kv_heads, group, s.head_dim)
+            a = F.scaled_dot_product_attention(q, *decode_kv).reshape(n, s.heads * s.head_dim)
+        elif causal_attention:
             n = x.shape[0]
             q, k, v = qkv.split(
                 [s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1
@@ -164,6 +177,7 @@ def measure(
     dtype: torch.dtype = torch.bfloat16,
     prefill_tokens: int = 4096,
     decode_contexts: list[tuple[int, int]] | None = None,
+    check_step: tuple[int, int] = (8, 256),
     repeats: int = 10,
 ) -> dict[str, Any]:
     """Time the three terms (see the module docstring); returns the constants and the raw
@@ -172,13 +186,18 @@ def measure(
     time_it = _timer(device)
     s = shape
 
-    def stack(tokens: int, causal: bool, lm_head_tokens: int) -> Callable[[], object]:
+    def stack(
+        tokens: int,
+        causal: bool,
+        lm_head_tokens: int,
+        decode_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> Callable[[], object]:
         x = torch.randn(tokens, s.hidden, device=device, dtype=dtype)
 
         def fn() -> object:
             h = x
             for _ in range(s.layers):
-                h = layer.forward(h, causal_attention=causal)
+                h = layer.forward(h, causal_attention=causal, decode_kv=decode_kv)
             return h[-lm_head_tokens:] @ layer.lm_head
 
         return fn
@@ -200,12 +219,24 @@ def measure(
             t = time_it(partial(F.scaled_dot_product_attention, q, k, v), repeats)
             points.append((batch * context, t))
             raw_attention.append({"batch": batch, "context": context, "layer_s": t})
-    per_kv_layer = _slope(points)
+        per_kv_token = _slope(points) * s.layers
+        per_decode_token = _slope([(1, base), *decode_batches.items()])
+        # the check: one whole decode step (every layer attending to its cached context)
+        # against the additive model's price for it
+        batch, context = check_step
+        k = torch.randn(batch, s.kv_heads, context, s.head_dim, device=device, dtype=dtype)
+        whole = time_it(stack(batch, False, batch, (k, torch.randn_like(k))), repeats)
     return {
         "step_base_s": base,
         "per_token_s": prefill / prefill_tokens,
-        "per_decode_token_s": _slope([(1, base), *decode_batches.items()]),
-        "per_kv_token_s": per_kv_layer * s.layers,
+        "per_decode_token_s": per_decode_token,
+        "per_kv_token_s": per_kv_token,
+        "check": {
+            "batch": batch,
+            "context": context,
+            "measured_s": whole,
+            "model_s": base + per_decode_token * batch + per_kv_token * batch * context,
+        },
         "raw": {
             "decode_no_attention_s": {"1": base, **{str(b): t for b, t in decode_batches.items()}},
             "prefill_s": {str(prefill_tokens // 2): prefill_half, str(prefill_tokens): prefill},
@@ -237,6 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         dtype=dtype,
         prefill_tokens=args.prefill_tokens,
         decode_contexts=contexts if device.type == "cuda" else None,
+        check_step=(128, 4096) if device.type == "cuda" else (8, 256),
         repeats=args.repeats,
     )
     rate = 1.0 / m["per_token_s"]
@@ -251,6 +283,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "(batches of 1-256)"
     )
     print(f"{'per_kv_token_s':<20}{m['per_kv_token_s']:>14.3e}  per KV token read, all layers")
+    c = m["check"]
+    print(
+        f"check: one decode step of {c['batch']} sequences x {c['context']} cached tokens took "
+        f"{1e3 * c['measured_s']:.2f} ms; the model prices it at {1e3 * c['model_s']:.2f} ms"
+    )
     kv_bw = shape.kv_bytes_per_token / m["per_kv_token_s"] / 1e12
     print(f"decode attention reads KV at {kv_bw:.2f} TB/s")
     out: dict[str, Any] = {
@@ -266,6 +303,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prefill_tokens_per_s": round(rate, 1),
         "kv_read_tb_per_s": round(kv_bw, 3),
         "kv_tokens_estimate_at_0.9": kv_tokens_estimate(shape, device, 0.9),
+        "check": m["check"],
         "raw": m["raw"],
         "hardware": hardware(),
         "commit": commit(),

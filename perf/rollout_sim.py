@@ -6,7 +6,9 @@
 ``--trace paper`` generates the paper-like trace of :func:`scheduler.trace.paper_like` (512
 prompts x 16 trajectories; ``--prompts`` / ``--samples`` scale it). Prints a table, then one JSON
 line with, per policy: makespan_s, busy_fraction, preemptions, recomputed_tokens,
-generated_tokens, p50/p99 trajectory latency. Exit 2 with one line on a bad argument or trace.
+generated_tokens, p50/p99 trajectory latency; and the makespan no policy can beat under the
+cost model (:func:`scheduler.sim.makespan_lower_bound`), with each policy's ratio to it. Exit 2
+with one line on a bad argument or trace.
 
 The engine step cost defaults to :class:`scheduler.sim.StepCostModel`'s assumed MI300X figures;
 ``--cost FILE`` takes the three constants that ``python -m perf.step_cost --out FILE`` measured
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.core import POLICIES, SchedulerError, SchedulerSettings
-from scheduler.sim import SimSettings, StepCostModel, simulate
+from scheduler.sim import SimSettings, StepCostModel, makespan_lower_bound, simulate
 from scheduler.trace import TraceError, TraceRow, load_trace, paper_like
 
 
@@ -87,6 +89,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{sum(len(r.turns) for r in rows) / len(rows):.1f} turns mean; {args.engines} engines "
         f"x {args.kv_tokens} KV tokens"
     )
+    bound = makespan_lower_bound(rows, settings)
+    print(
+        f"lower bound (no policy beats it under this cost model): {bound.makespan_s:.1f} s "
+        f"(work spread evenly {bound.work_s:.1f} s, longest trajectory alone "
+        f"{bound.critical_path_s:.1f} s)"
+    )
     header = (
         f"{'policy':<15}{'makespan_s':>11}{'busy':>7}{'preempt':>9}{'recomputed':>12}"
         f"{'recomp%':>9}{'p50_s':>9}{'p99_s':>9}{'moves':>8}{'sim_s':>7}"
@@ -117,6 +125,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cost": asdict(settings.cost) | ({"file": args.cost} if args.cost else {}),
         "seed": args.seed,
         "policies": results,
+    }
+    out["lower_bound_s"] = round(bound.makespan_s, 4)
+    out["makespan_vs_lower_bound"] = {
+        p: round(r["makespan_s"] / bound.makespan_s, 3) for p, r in results.items()
     }
     if "round_robin" in results:
         rr = results["round_robin"]["makespan_s"]

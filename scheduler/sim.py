@@ -24,6 +24,11 @@ step in progress, so the model costs O(events log n), not O(steps x batch).
 
 ``recomputed_tokens`` counts tokens whose KV had been computed before and was computed again
 (after a preemption or a move); ``generated_tokens`` the sampled tokens.
+
+:func:`makespan_lower_bound` is what no policy can beat under this model: the engines' work
+(each prompt and tool result prefilled once, each token decoded once, its context read once,
+and the fewest steps that engines of this KV capacity can take) spread evenly, or the longest
+trajectory run alone, whichever is longer.
 """
 
 from __future__ import annotations
@@ -404,3 +409,73 @@ class Simulation:
 
 def simulate(rows: list[TraceRow], settings: SimSettings, sched: SchedulerSettings) -> SimResult:
     return Simulation(rows, settings, sched).run()
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    """Makespan no policy can beat under the model: ``max(work_s, critical_path_s)``."""
+
+    work_s: float  # the least engine-busy time, spread over all engines
+    critical_path_s: float  # the longest trajectory, alone on an engine
+
+    @property
+    def makespan_s(self) -> float:
+        return max(self.work_s, self.critical_path_s)
+
+
+def _turns(row: TraceRow, s: SimSettings) -> tuple[int, list[tuple[int, int]], float]:
+    """The trajectory as :class:`Simulation` runs it, whatever the policy: (tokens that must be
+    prefilled once: prompt and tool results, [(context at the turn's start, tokens it
+    generates)], tool latency in all)."""
+    context, prefill, latency = row.prompt_tokens, row.prompt_tokens, 0.0
+    turns = []
+    budget = s.max_response_tokens
+    for i, turn in enumerate(row.turns):
+        generated = min(turn.gen_tokens, budget)
+        if generated <= 0:
+            break
+        turns.append((context, generated))
+        context += generated
+        budget -= generated
+        if turn.tool_latency_s is None or i + 1 >= len(row.turns) or budget <= 0:
+            break
+        latency += turn.tool_latency_s
+        tool = s.default_tool_tokens if turn.tool_tokens is None else turn.tool_tokens
+        tool = min(tool, max(budget - 1, 0))
+        context += tool
+        prefill += tool
+        budget -= tool
+    return prefill, turns, latency
+
+
+def makespan_lower_bound(rows: list[TraceRow], s: SimSettings) -> LowerBound:
+    """See :class:`LowerBound`. Every token generated at context length ``L`` costs its step
+    ``per_kv_token_s x L`` and ``decode_token_s``; a step reads at most ``kv_tokens`` of KV and
+    runs at most ``max_num_seqs`` requests, so the engines take at least ``max(sum of L /
+    kv_tokens, tokens / max_num_seqs)`` steps between them, each paying ``step_base_s``."""
+    c = s.cost
+    kv_read = 0.0  # sum over generated tokens of the context length each one is decoded at
+    tokens = prefill = 0
+    critical = 0.0
+    for row in rows:
+        row_prefill, turns, latency = _turns(row, s)
+        row_tokens = sum(g for _, g in turns)
+        row_kv = sum(g * ctx + g * (g - 1) / 2 for ctx, g in turns)
+        kv_read += row_kv
+        tokens += row_tokens
+        prefill += row_prefill
+        alone = (
+            c.per_token_s * row_prefill
+            + (c.step_base_s + c.decode_token_s) * row_tokens
+            + c.per_kv_token_s * row_kv
+            + latency
+        )
+        critical = max(critical, alone)
+    steps = max(kv_read / s.kv_tokens, tokens / s.max_num_seqs)
+    busy = (
+        c.per_token_s * prefill
+        + c.decode_token_s * tokens
+        + c.per_kv_token_s * kv_read
+        + c.step_base_s * steps
+    )
+    return LowerBound(work_s=busy / s.num_engines, critical_path_s=critical)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from scheduler.core import ADMISSION_POLICIES, POLICIES, SchedulerSettings
-from scheduler.sim import SimSettings, StepCostModel, simulate
+from scheduler.sim import SimSettings, StepCostModel, makespan_lower_bound, simulate
 from scheduler.trace import TraceError, TraceRow, TraceTurn, load_trace, paper_like, write_trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,6 +71,20 @@ def test_every_trajectory_finishes_and_every_token_is_generated(policy) -> None:
         assert res.preemptions == 0
 
 
+@pytest.mark.parametrize("kv_tokens", [65_536, 200_000])
+def test_no_policy_beats_the_lower_bound(kv_tokens: int) -> None:
+    rows, settings = _tight()
+    settings = replace(settings, kv_tokens=kv_tokens)
+    bound = makespan_lower_bound(rows, settings)
+    assert bound.work_s > 0 and bound.critical_path_s > 0
+    for policy in POLICIES:
+        res = simulate(rows, settings, SchedulerSettings(policy=policy, block_size_tokens=16))
+        assert bound.makespan_s <= res.makespan_s, policy
+    # the best policy lands within 2x of it here: the bound is not vacuous
+    best = min(simulate(rows, settings, SchedulerSettings(policy=p)).makespan_s for p in POLICIES)
+    assert best < 2 * bound.makespan_s
+
+
 def test_overcommitted_engines_preempt_and_recompute() -> None:
     rows, settings = _tight()
     res = simulate(rows, settings, SchedulerSettings(policy="round_robin"))
@@ -97,6 +112,8 @@ def test_one_trajectory_alone_costs_what_the_step_model_says(per_decode_token_s)
     )
     assert res.makespan_s == pytest.approx(turn1 + 0.5 + turn2, rel=1e-9)
     assert res.recomputed_tokens == 0  # the second turn hits its cached prefix
+    # alone on its engine it runs its critical path: the lower bound is exact
+    assert makespan_lower_bound([row], s).makespan_s == pytest.approx(res.makespan_s, rel=1e-9)
 
 
 def test_cli_prints_a_table_then_one_json_line(tmp_path: Path) -> None:
@@ -137,6 +154,8 @@ def test_cli_prints_a_table_then_one_json_line(tmp_path: Path) -> None:
         ):
             assert key in row
     assert any(line.startswith("kv_affinity") for line in lines[:-1])
+    assert any(line.startswith("lower bound") for line in lines[:-1])
+    assert all(out["makespan_vs_lower_bound"][p] >= 1.0 for p in POLICIES)
 
 
 def test_cli_compute_rate_scales_the_step_cost(tmp_path: Path) -> None:

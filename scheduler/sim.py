@@ -6,9 +6,10 @@ admitted (first come, first served) once its whole context fits in free KV; ever
 running request computes one token (its prefill, in the first step, costs per token) and needs
 one more token of KV; when that KV is not there the most recently admitted request is preempted:
 its KV is freed into the prefix cache, it rejoins the front of the queue, and whatever of its
-context the cache lost by then is recomputed. Each engine has a prefix cache (LRU, evictable):
-a turn that returns to the engine holding its history prefills only the new tokens, a turn that
-moves re-prefills its history.
+context the cache lost by then is recomputed. Each engine has a prefix cache of the KV not in
+use, evicted least recently freed first and, within one prefix, tail first (as vLLM v1 frees
+blocks): a turn that returns to the engine holding its history prefills only what is not cached
+any more, a turn that moves re-prefills its history.
 
 Step time (``StepCostModel``) is additive: a fixed cost (weights read once per step), a cost per
 token computed (prefill; decode tokens too unless ``per_decode_token_s`` prices them apart), and
@@ -247,9 +248,17 @@ class _Engine:
         self._evict(0)
 
     def _evict(self, extra: int) -> None:
+        """Evict the least recently freed prefix first, its tail first (vLLM v1 frees a
+        request's blocks in reverse order), so a prefix's head stays cached longest."""
         limit = self.s.kv_tokens - self.kv_used - extra
         while self.cached_total > limit and self.cache:
-            _, tokens = self.cache.popitem(last=False)
+            traj_id, tokens = next(iter(self.cache.items()))
+            excess = self.cached_total - limit
+            if tokens > excess:
+                self.cache[traj_id] = tokens - excess
+                self.cached_total -= excess
+                return
+            del self.cache[traj_id]
             self.cached_total -= tokens
 
 

@@ -254,3 +254,14 @@ def test_bad_cost_file_is_one_line_exit_2(tmp_path: Path, content: str, message:
     proc = _run("perf.rollout_sim", "--prompts", "2", "--samples", "2", "--cost", str(path))
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr
+
+
+def test_eviction_takes_the_tail_of_the_least_recent_prefix_first() -> None:
+    """As vLLM v1 frees a request's blocks tail first: while A waits on its tool, B's growth
+    evicts only the 150 tokens of A's prefix it needs; A's next turn recomputes just those."""
+    a = TraceRow("a", 300, (TraceTurn(50, 5.0, 10), TraceTurn(10, None)))
+    b = TraceRow("b", 200, (TraceTurn(600, None),))
+    s = SimSettings(num_engines=1, kv_tokens=1000)
+    res = simulate([a, b], s, SchedulerSettings(policy="sticky"))
+    assert res.preemptions == 0
+    assert res.recomputed_tokens == res.recomputed_after_eviction == 150

@@ -100,13 +100,10 @@ class Trainer:
         settings = _learner_settings(self.cfg, self.policy_path)
         if self.cfg.cluster.ray:
             from rstar2.learner.ray_learner import RayLearner
+            from rstar2.trainer.ray_resources import learner_demand
 
-            # on CPU the learner shares the cores with the engines (they take turns); Ray's
-            # CPU count is what it schedules by, so it asks for none
-            gpu = self.cfg.cluster.accelerator != "cpu"
-            self.learner = RayLearner.create(
-                settings, num_cpus=1 if gpu else 0, num_gpus=1 if gpu else 0
-            )
+            demand = learner_demand(self.cfg)
+            self.learner = RayLearner.create(settings, num_cpus=demand.cpus, num_gpus=demand.gpus)
             self._say(f"learner: in a Ray actor on {self.learner.device}")
         else:
             self.learner = TorchLearner(settings)
@@ -577,9 +574,12 @@ async def _open_engines(cfg: Config, model_path: str) -> tuple[list[Any], Any]:
     )
     if cfg.cluster.ray:  # run_train started or joined the cluster
         from rstar2.rollout.ray_engine import RayEngine
+        from rstar2.trainer.ray_resources import engine_demand
 
-        gpus = r.tensor_parallel_size if cfg.cluster.accelerator != "cpu" else 0
-        remote = [await RayEngine.create(econf, num_gpus=gpus) for _ in range(r.num_engines)]
+        d = engine_demand(cfg)
+        remote = [
+            await RayEngine.create(econf, num_cpus=d.cpus, num_gpus=d.gpus) for _ in range(d.count)
+        ]
 
         async def close_remote() -> None:
             for e in remote:
@@ -616,8 +616,9 @@ async def _open_sandbox(cfg: Config) -> tuple[Any, Any]:
     )
     if cfg.cluster.ray:  # run_train started or joined the cluster
         from rstar2.rollout.ray_sandbox import RaySandbox
+        from rstar2.trainer.ray_resources import sandbox_demand
 
-        remote = await RaySandbox.create(config)
+        remote = await RaySandbox.create(config, num_cpus=sandbox_demand(cfg).cpus)
         return remote, remote.close
     pool = SandboxPool(config)
     await pool.start()
@@ -676,9 +677,17 @@ async def run_train(
     if cfg.cluster.ray:
         import ray
 
+        from rstar2.trainer.ray_resources import actor_demands, check_fits
+
         if not ray.is_initialized():  # joins RAY_ADDRESS's cluster when set, else a local one
             ray.init(include_dashboard=False, log_to_driver=False)
             started_ray = True
+        try:  # Ray would keep actors that cannot be placed pending: fail now instead
+            check_fits(actor_demands(cfg), [n["Resources"] for n in ray.nodes() if n["Alive"]])
+        except ConfigError:
+            if started_ray:
+                ray.shutdown()
+            raise
     try:
         trainer.prepare(resume=resume)
         return await trainer.run()

@@ -262,9 +262,40 @@ class _Engine:
             self.cached_total -= tokens
 
 
+@dataclass(frozen=True)
+class PlannedTurn:
+    context: int  # tokens before the turn generates
+    gen_tokens: int
+    tool_latency_s: float | None  # the tool call after it; None: the trajectory ends
+    tool_tokens: int  # the tool response's tokens (0 when it ends)
+
+
+def plan_turns(row: TraceRow, s: SimSettings) -> tuple[PlannedTurn, ...]:
+    """The trajectory's turns as the simulator runs them, whatever the policy: each turn's
+    generation capped by what is left of the response budget (tool responses count against
+    it), a tool response capped to leave the next turn at least one token, and no turn after
+    the budget is spent."""
+    out: list[PlannedTurn] = []
+    context, budget = row.prompt_tokens, s.max_response_tokens
+    for i, turn in enumerate(row.turns):
+        generated = min(turn.gen_tokens, budget)
+        budget -= generated
+        last = turn.tool_latency_s is None or i + 1 >= len(row.turns) or budget <= 0
+        if last:
+            out.append(PlannedTurn(context, generated, None, 0))
+            break
+        tool = s.default_tool_tokens if turn.tool_tokens is None else turn.tool_tokens
+        tool = min(tool, budget - 1)
+        out.append(PlannedTurn(context, generated, turn.tool_latency_s, tool))
+        context += generated + tool
+        budget -= tool
+    return tuple(out)
+
+
 @dataclass
 class _TrajRun:
     row: TraceRow
+    plan: tuple[PlannedTurn, ...]
     turn: int = 0
     turn_left: int = 0
     context: int = 0
@@ -298,13 +329,12 @@ class Simulation:
 
     def run(self) -> SimResult:
         for row in self.rows:
-            budget = self.s.max_response_tokens
-            run = _TrajRun(row, 0, row.turns[0].gen_tokens, row.prompt_tokens)
-            self.trajs[row.id] = run
+            plan = plan_turns(row, self.s)
+            self.trajs[row.id] = _TrajRun(row, plan, 0, plan[0].gen_tokens, row.prompt_tokens)
             self.scheduler.submit(
                 row.id,
                 prompt_tokens=row.prompt_tokens,
-                max_response_tokens=budget,
+                max_response_tokens=self.s.max_response_tokens,
                 session_id=row.session,
             )
         self._pump()
@@ -355,34 +385,23 @@ class Simulation:
         run.turn_left -= generated
         run.generated += generated
         self.generated += generated
-        budget_left = self.s.max_response_tokens - (run.context - run.row.prompt_tokens)
-        complete = run.turn_left <= 0 or budget_left <= 0
+        complete = run.turn_left <= 0  # the plan caps turns by the budget the scheduler caps by
         self.scheduler.generation_finished(traj_id, generated, turn_complete=complete)
         if not complete:
             return
-        turn = run.row.turns[run.turn]
-        if turn.tool_latency_s is None or run.turn + 1 >= len(run.row.turns) or budget_left <= 0:
+        latency = run.plan[run.turn].tool_latency_s
+        if latency is None:
             self.scheduler.finish(traj_id)
             self.latencies.append(now)
             del self.trajs[traj_id]
             return
-        self.push(now + turn.tool_latency_s, ("tool", traj_id))
+        self.push(now + latency, ("tool", traj_id))
 
     def _tool_done(self, traj_id: str) -> None:
         run = self.trajs[traj_id]
-        turn = run.row.turns[run.turn]
-        tool_tokens = self.s.default_tool_tokens if turn.tool_tokens is None else turn.tool_tokens
-        budget_left = self.s.max_response_tokens - (run.context - run.row.prompt_tokens)
-        tool_tokens = min(tool_tokens, max(budget_left - 1, 0))
-        run.context += tool_tokens
+        run.context += run.plan[run.turn].tool_tokens
         run.turn += 1
-        budget_left -= tool_tokens
-        run.turn_left = min(run.row.turns[run.turn].gen_tokens, budget_left)
-        if run.turn_left <= 0:
-            self.scheduler.finish(traj_id)
-            self.latencies.append(self.now)
-            del self.trajs[traj_id]
-            return
+        run.turn_left = run.plan[run.turn].gen_tokens
         self.scheduler.turn_ready(traj_id, run.context)
 
     def report(self, engine: _Engine) -> None:
@@ -432,31 +451,6 @@ class LowerBound:
         return max(self.work_s, self.critical_path_s)
 
 
-def _turns(row: TraceRow, s: SimSettings) -> tuple[int, list[tuple[int, int]], float]:
-    """The trajectory as :class:`Simulation` runs it, whatever the policy: (tokens that must be
-    prefilled once: prompt and tool results, [(context at the turn's start, tokens it
-    generates)], tool latency in all)."""
-    context, prefill, latency = row.prompt_tokens, row.prompt_tokens, 0.0
-    turns = []
-    budget = s.max_response_tokens
-    for i, turn in enumerate(row.turns):
-        generated = min(turn.gen_tokens, budget)
-        if generated <= 0:
-            break
-        turns.append((context, generated))
-        context += generated
-        budget -= generated
-        if turn.tool_latency_s is None or i + 1 >= len(row.turns) or budget <= 0:
-            break
-        latency += turn.tool_latency_s
-        tool = s.default_tool_tokens if turn.tool_tokens is None else turn.tool_tokens
-        tool = min(tool, max(budget - 1, 0))
-        context += tool
-        prefill += tool
-        budget -= tool
-    return prefill, turns, latency
-
-
 def makespan_lower_bound(rows: list[TraceRow], s: SimSettings) -> LowerBound:
     """See :class:`LowerBound`. Every token generated at context length ``L`` costs its step
     ``per_kv_token_s x L`` and ``decode_token_s``; a step reads at most ``kv_tokens`` of KV and
@@ -467,9 +461,13 @@ def makespan_lower_bound(rows: list[TraceRow], s: SimSettings) -> LowerBound:
     tokens = prefill = 0
     critical = 0.0
     for row in rows:
-        row_prefill, turns, latency = _turns(row, s)
-        row_tokens = sum(g for _, g in turns)
-        row_kv = sum(g * ctx + g * (g - 1) / 2 for ctx, g in turns)
+        turns = plan_turns(row, s)
+        row_prefill = row.prompt_tokens + sum(t.tool_tokens for t in turns)
+        latency = sum(t.tool_latency_s or 0.0 for t in turns)
+        row_tokens = sum(t.gen_tokens for t in turns)
+        row_kv = sum(
+            t.gen_tokens * t.context + t.gen_tokens * (t.gen_tokens - 1) / 2 for t in turns
+        )
         kv_read += row_kv
         tokens += row_tokens
         prefill += row_prefill

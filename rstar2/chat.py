@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from rstar2.agent.loop import AgentSettings, Sandbox, run_trajectory
 from rstar2.agent.template import PromptFormat
+from rstar2.config import ConfigError
 from rstar2.rollout.engine import Engine
 
 _COLORS = {"assistant": "", "tool_call": "\033[36m", "tool_result": "\033[33m"}
@@ -140,7 +141,12 @@ async def open_sandbox(args: argparse.Namespace) -> tuple[Sandbox, Any]:
         client = SandboxClient(args.sandbox_url)
         return client, client.close
     from sandbox_pool.pool import PoolConfig, SandboxPool
+    from sandbox_pool.zygote_client import IsolationUnavailable
 
     pool = SandboxPool(PoolConfig(num_workers=2))
-    await pool.start()
+    try:
+        await pool.start()
+    except IsolationUnavailable as exc:
+        hint = "point --sandbox-url at a sandbox-pool server (serve --unsafe-weak-isolation)"
+        raise ConfigError("--sandbox-url", f"{exc}; {hint}") from None
     return pool, pool.close

@@ -168,6 +168,12 @@ class SandboxConfig(_Section):
     max_output_chars: int = Field(
         65536, ge=256, description="stdout/stderr captured per call before cutting."
     )
+    unsafe_weak_isolation: bool = Field(
+        False,
+        description="Run the embedded pool even where an isolation layer (per-call uids, "
+        "namespaces, private /tmp) cannot be applied, e.g. without root. Off: the run stops "
+        "with the missing layer named.",
+    )
 
     @model_validator(mode="after")
     def _url_for_http(self) -> SandboxConfig:

@@ -6,6 +6,14 @@
 
 ``serve --redis URL --workers 0`` is an API-only node; with workers it also consumes the stream.
 SIGTERM / SIGINT stop gracefully: no new calls, in-flight ones finish.
+
+code-judge's environment variables are the defaults where set (flags win): ``MAX_EXECUTION_TIME``,
+``MAX_MEMORY``, ``MAX_WORKERS``, ``REDIS_URI``, ``MAX_STDOUT_ERROR_LENGTH``,
+``MAX_QUEUE_WORK_LIFE_TIME``, ``LONG_BATCH_MAX_QUEUE_WAIT_TIME``, ``CPP_COMPILER_PATH``.
+
+Both commands refuse to start, with a one-line reason, where an isolation layer cannot be
+applied (not root, no namespaces, Python's path on /tmp itself); ``--unsafe-weak-isolation``
+accepts weaker isolation explicitly.
 """
 
 from __future__ import annotations
@@ -20,21 +28,50 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from sandbox_pool.codejudge import CodeJudgeSettings, env_number
 from sandbox_pool.pool import PoolConfig, SandboxPool
 from sandbox_pool.protocol import Limits
 from sandbox_pool.server import Executor, SandboxServer, ServerConfig
+from sandbox_pool.zygote_client import IsolationUnavailable
+
+# code-judge's variables that have no counterpart here: named once at start-up if set.
+_IGNORED_ENV = (
+    "PYTHON_EXECUTOR_PATH",
+    "PYTHON_EXECUTE_COMMAND",
+    "CPP_COMPILE_COMMAND",
+    "CPP_EXECUTE_COMMAND",
+    "RUN_WORKERS",
+    "MAX_BATCH_CHUNK_SIZE",
+    "MAX_LONG_BATCH_CHUNK_SIZE",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    try:
+        parser = _parser()
+        settings = CodeJudgeSettings.from_env()
+    except ValueError as exc:  # a malformed code-judge environment variable
+        print(f"sandbox-pool: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
+    args.codejudge = settings
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
+    ignored = [name for name in _IGNORED_ENV if os.environ.get(name)]
+    if ignored:
+        print(f"sandbox-pool: ignoring {', '.join(ignored)} (no counterpart here)", file=sys.stderr)
     try:
         asyncio.run(args.handler(args))
     except KeyboardInterrupt:
         pass
+    except IsolationUnavailable as exc:
+        print(
+            f"sandbox-pool: refusing to start: {exc} "
+            "(pass --unsafe-weak-isolation to accept weaker isolation)",
+            file=sys.stderr,
+        )
+        return 2
     except OSError as exc:  # e.g. the port is taken, Redis unreachable
         print(f"sandbox-pool: {exc}", file=sys.stderr)
         return 1
@@ -47,7 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP API (native /v1 and code-judge)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
     serve.add_argument("--port", type=int, default=8088)
-    serve.add_argument("--redis", help="Redis URL: dispatch calls through Redis workers")
+    serve.add_argument(
+        "--redis",
+        default=os.environ.get("REDIS_URI") or None,
+        help="Redis URL: dispatch calls through Redis workers (env REDIS_URI)",
+    )
     serve.add_argument(
         "--token",
         default=os.environ.get("SANDBOX_POOL_TOKEN"),
@@ -59,7 +100,12 @@ def _parser() -> argparse.ArgumentParser:
     _pool_args(serve)
     serve.set_defaults(handler=_serve)
     worker = sub.add_parser("worker", help="consume calls from Redis on this node")
-    worker.add_argument("--redis", required=True, help="Redis URL")
+    worker.add_argument(
+        "--redis",
+        default=os.environ.get("REDIS_URI") or None,
+        required=not os.environ.get("REDIS_URI"),
+        help="Redis URL (env REDIS_URI)",
+    )
     worker.add_argument("--name", help="consumer name (default: host-pid)")
     worker.add_argument(
         "--visibility-timeout",
@@ -73,26 +119,42 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _pool_args(p: argparse.ArgumentParser) -> None:
+    env = os.environ
+    workers = env.get("MAX_WORKERS")
     p.add_argument(
         "--workers",
         type=int,
-        default=None,
-        help="calls executing at once on this node (default: CPU cores)",
+        default=int(env_number(env, "MAX_WORKERS", 1)) if workers else None,
+        help="calls executing at once on this node (env MAX_WORKERS; default: CPU cores)",
     )
     p.add_argument(
         "--max-execution-time",
         type=float,
-        default=4.0,
-        help="wall-clock cap per call in seconds (default 4)",
+        default=env_number(env, "MAX_EXECUTION_TIME", 4.0),
+        help="wall-clock cap per call in seconds (env MAX_EXECUTION_TIME; default 4)",
     )
     p.add_argument(
-        "--max-memory-mb", type=int, default=1024, help="memory cap per call in MiB (default 1024)"
+        "--max-memory-mb",
+        type=int,
+        default=int(env_number(env, "MAX_MEMORY", 1024)),
+        help="memory cap per call in MiB (env MAX_MEMORY; default 1024)",
+    )
+    p.add_argument(
+        "--unsafe-weak-isolation",
+        action="store_true",
+        help="serve even where an isolation layer (uids, namespaces, private /tmp) cannot be "
+        "applied: calls can then see the host's /tmp and each other",
     )
 
 
 def _pool_config(args: argparse.Namespace) -> PoolConfig:
     limits = Limits(timeout_s=args.max_execution_time, memory_mb=args.max_memory_mb)
-    return PoolConfig(num_workers=args.workers or 0, limits=limits)
+    return PoolConfig(
+        num_workers=args.workers or 0,
+        limits=limits,
+        allow_weak_isolation=args.unsafe_weak_isolation,
+        cpp_compiler=os.environ.get("CPP_COMPILER_PATH") or "g++",
+    )
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -116,12 +178,16 @@ async def _serve(args: argparse.Namespace) -> None:
         pool = SandboxPool(_pool_config(args))
         await pool.start()
         executor = pool
-    server = SandboxServer(executor, ServerConfig(max_pending=args.max_pending, token=args.token))
+    worker_task = asyncio.create_task(worker.run()) if worker else None
+    if worker is not None and dispatcher is not None:  # /status counts this node's workers
+        await worker.registered.wait()
+        await dispatcher.refresh()
+    config = ServerConfig(max_pending=args.max_pending, token=args.token, codejudge=args.codejudge)
+    server = SandboxServer(executor, config)
     runner = web.AppRunner(server.build_app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
     print(f"sandbox-pool serving on http://{args.host}:{args.port}", flush=True)
-    worker_task = asyncio.create_task(worker.run()) if worker else None
     await stop.wait()
     await runner.cleanup()  # stops accepting, lets in-flight requests finish
     if worker is not None and worker_task is not None:

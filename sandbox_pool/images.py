@@ -5,10 +5,16 @@ Forking costs grow with the zygote's memory: a stdlib-only zygote forks and tear
 ``light`` (stdlib math) for most snippets and ``heavy`` (numpy, sympy, scipy on top) for snippets
 that name those packages. A snippet routed to ``light`` that imports a heavy package anyway
 still works; it only pays the import.
+
+Routing sees through wrapped code: a wrapper that carries the snippet as a base64 string (the
+public rStar2 client's ``base64.b64decode("...")``) is decoded and searched too, so wrapped
+sympy calls land on the warm heavy image. C++ always runs on ``light``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -32,6 +38,8 @@ LIGHT_MODULES = (
 )
 HEAVY_MODULES = (*LIGHT_MODULES, "numpy", "sympy", "scipy")
 _HEAVY_NAMES = re.compile(r"\b(?:numpy|sympy|scipy|mpmath|pandas|networkx)\b")
+# A quoted run of base64 long enough to hold an import statement.
+_BASE64_LITERAL = re.compile(r"[\"']([A-Za-z0-9+/]{16,}={0,2})[\"']")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +52,18 @@ LIGHT = Image(name="light", preload=LIGHT_MODULES)
 HEAVY = Image(name="heavy", preload=HEAVY_MODULES)
 
 
-def image_for(code: str) -> ImageName:
-    """``heavy`` if the snippet names a package only the heavy image has warm, else ``light``."""
-    return "heavy" if _HEAVY_NAMES.search(code) else "light"
+def image_for(code: str, language: str = "python") -> ImageName:
+    """``heavy`` if the snippet (or a base64 string literal in it) names a package only the
+    heavy image has warm, else ``light``."""
+    if language != "python":
+        return "light"
+    if _HEAVY_NAMES.search(code):
+        return "heavy"
+    for match in _BASE64_LITERAL.finditer(code):
+        try:
+            decoded = base64.b64decode(match.group(1), validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if _HEAVY_NAMES.search(decoded.decode("utf-8", "replace")):
+            return "heavy"
+    return "light"

@@ -1,29 +1,28 @@
-"""Process isolation applied inside a freshly forked sandbox child (Linux).
+"""Process isolation applied around a freshly forked sandbox child (Linux, as root).
 
-Set-up in three places, so that nothing slow happens once a call arrives:
-- :func:`enter_shared_namespaces` (zygote start): mount and network namespaces shared by all
-  children, with private temp dirs, a hidden /root (or wherever Python lives) and /proc.
-- :func:`fork_into_namespaces` + :func:`prepare` (pre-fork time): each child is PID 1 of its own
-  PID namespace, so when it dies the kernel kills everything it started; own session and process
-  group, cwd in its own temp dir, stdio redirected, other descriptors closed.
+Set-up in four places, so that nothing slow happens once a call arrives:
+- :func:`enter_zygote_namespace` (zygote start): a private mount namespace with a hidden /root
+  (or wherever Python lives, its directories bound back) and /proc with ``hidepid=2``.
+- :func:`fork_into_namespaces` + :func:`private_tmp` + :func:`prepare` (pre-fork time): each
+  child is PID 1 of its own PID, mount, network (loopback down) and IPC namespaces, so when it
+  dies the kernel kills everything it started and no two calls share a socket, a file in a temp
+  dir or an IPC object; own session and process group, cwd in its own temp dir, stdio set.
 - :func:`drop_privileges` (still before the call): rlimits on processes, file size, open files
-  and core dumps (soft = hard), an unprivileged per-slot uid/gid with no supplementary groups
-  when the service runs as root, no-new-privileges, death with its parent, a scrubbed
-  environment.
+  and core dumps (soft = hard), an unprivileged per-slot uid/gid with no supplementary groups,
+  no-new-privileges, death with its parent, a scrubbed environment.
 - :func:`limit_call` (when the call arrives): CPU seconds and address space, lowered to the
   call's own limits (an unprivileged process can lower limits, never raise them).
-What each phase could not apply is returned as notes (see the module docstring of sandbox_pool).
+Nothing here falls back silently: a layer that cannot be applied raises or is returned as
+missing, and the zygote refuses to serve unless weak isolation was explicitly accepted.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import math
 import os
 import platform
 import resource
-import shutil
 import signal
 import stat
 import sys
@@ -32,6 +31,8 @@ from dataclasses import dataclass
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWIPC = 0x08000000
+CHILD_NAMESPACES = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 MS_BIND = 4096
@@ -49,82 +50,77 @@ _SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(platform.machine())
 _SIGCHLD = 17
 
 
-def fork_into_namespaces() -> tuple[int, bool]:
-    """Fork a child that is PID 1 of a new PID namespace.
+def fork_into_namespaces(isolated: bool) -> int:
+    """Fork; with ``isolated``, the child is PID 1 of new PID, mount, network and IPC namespaces.
 
     ``os.fork`` cannot do this in one step (``unshare(CLONE_NEWPID)`` works once per process),
     so this calls the clone syscall with fork semantics, bracketed by CPython's own pre/post
-    fork hooks. Returns ``(pid, namespaced)`` like ``os.fork`` plus whether the namespaces were
-    created; without privileges (or on another architecture) it falls back to ``os.fork``.
-    A new PID namespace costs ~0.5 ms; mount and network namespaces are set up once for all
-    children by :func:`enter_shared_namespaces` instead (they would cost ~3 ms per call).
+    fork hooks. Raises OSError when the namespaces cannot be created: never a silent fallback.
+    Measured on a 2-core VM: 0.43 ms a plain fork, 0.9 ms with the four namespaces (pre-fork
+    time, off the call's latency path).
     """
-    if _SYS_CLONE is not None and is_root():
-        api = ctypes.pythonapi
-        api.PyOS_BeforeFork()
-        flags = ctypes.c_ulong(CLONE_NEWPID | _SIGCHLD)
-        pid = _libc.syscall(ctypes.c_long(_SYS_CLONE), flags, None, None, None, None)
-        if pid == 0:
-            api.PyOS_AfterFork_Child()
-            return 0, True
-        api.PyOS_AfterFork_Parent()
-        if pid > 0:
-            return pid, True
-    return os.fork(), False
+    if not isolated:
+        return os.fork()
+    if _SYS_CLONE is None:
+        raise OSError(f"clone with namespaces is not supported on {platform.machine()}")
+    api = ctypes.pythonapi
+    api.PyOS_BeforeFork()
+    flags = ctypes.c_ulong(CHILD_NAMESPACES | _SIGCHLD)
+    pid = _libc.syscall(ctypes.c_long(_SYS_CLONE), flags, None, None, None, None)
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0
+    errno = ctypes.get_errno()
+    api.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(errno, f"clone of an isolated child failed: {os.strerror(errno)}")
+    return int(pid)
 
 
-def enter_shared_namespaces(
-    expose: list[tuple[str, tuple[str, ...]]], tmp_size_mb: int
-) -> tuple[str | None, list[str]]:
-    """Zygote start-up (as root): one private mount and network namespace for all children.
+def enter_zygote_namespace(expose: list[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """Zygote start-up (as root): a private mount namespace that every child copies.
 
-    - network: a new namespace whose only device, loopback, is down: every connect fails;
-    - a fresh tmpfs (``tmp_size_mb``) over /tmp, bound over /var/tmp, /dev/shm and /run/lock,
-      so the host's shared temp dirs are unreachable and everything written there can be purged;
     - directories the children's uids could not traverse on the way to the Python install
       (``expose``) are replaced by tmpfs with only the Python dirs bound back;
-    - /proc remounted with ``hidepid=2``: a child sees only its own processes.
-    Returns the folder for per-call temp dirs (None when this could not be done) and notes.
+    - /proc remounted with ``hidepid=2``: a child sees only its own uid's processes.
+    Returns the layers that could not be applied (empty: all were).
     """
-    notes: list[str] = []
-    if not is_root() or _libc.unshare(CLONE_NEWNS | CLONE_NEWNET) != 0:
-        return None, ["no private mount/network namespaces (needs root)"]
+    if not is_root():
+        return ["a private mount namespace (needs root)"]
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        return ["a private mount namespace (unshare failed)"]
     if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return None, ["mount propagation could not be made private"]
-    _expose_python(expose, notes)
-    # Python that lives under /tmp (a checkout or venv there) stays visible inside the new /tmp.
+        return ["private mount propagation"]
+    missing: list[str] = []
+    for hidden, keeps in expose:
+        if not _mount_over(hidden, b"mode=755,size=1m", keeps):
+            missing.append(f"hiding {hidden} (Python is installed under it)")
+    if _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, b"hidepid=2") != 0:
+        missing.append("/proc with hidepid=2")
+    return missing
+
+
+def tmp_keeps() -> tuple[str, ...]:
+    """Python directories under /tmp that a child's private /tmp must bind back.
+
+    Raises ValueError when /tmp itself is on Python's path: /tmp could not be made private.
+    """
     under_tmp = {p for p in python_paths() if p == "/tmp" or p.startswith("/tmp/")}
-    keep = tuple(_outermost(under_tmp))
-    if "/tmp" in keep:
-        return None, [*notes, "Python lives in /tmp itself: /tmp cannot be made private"]
+    if "/tmp" in under_tmp:
+        raise ValueError("Python's import path includes /tmp itself (PYTHONPATH or cwd)")
+    return tuple(_outermost(under_tmp))
+
+
+def private_tmp(keeps: tuple[str, ...], tmp_size_mb: int) -> None:
+    """In a fresh child (own mount namespace, still root): a tmpfs of its own over /tmp, bound
+    over /var/tmp, /dev/shm and /run/lock, with ``keeps`` bound back. It vanishes with the
+    child's namespace: nothing a call writes there outlives it or is seen by another call."""
     opts = f"mode=1777,size={tmp_size_mb}m".encode()
-    if not _mount_over("/tmp", opts, keep, notes):
-        return None, [*notes, "could not mount a private /tmp"]
+    if not _mount_over("/tmp", opts, keeps):
+        raise OSError("could not mount a private /tmp")
     for target in SHARED_TMP_DIRS[1:]:
         if os.path.isdir(target) and _mount_bind("/tmp", target) != 0:
-            notes.append(f"could not cover {target}")
-    if _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, b"hidepid=2") != 0:
-        notes.append("could not remount /proc with hidepid=2")
-    calls_dir = "/tmp/.calls"
-    os.mkdir(calls_dir, 0o711)
-    return calls_dir, notes
-
-
-def purge_files_of(uid: int, root: str = "/tmp") -> None:
-    """Delete what ``uid`` left in the shared tmpfs (it can write nowhere else there)."""
-    with os.scandir(root) as entries:
-        for entry in entries:
-            try:
-                owner = entry.stat(follow_symlinks=False).st_uid
-            except OSError:
-                continue
-            if owner != uid:
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+            raise OSError(f"could not cover {target}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,12 +137,24 @@ def is_root() -> bool:
 
 
 def python_paths() -> set[str]:
-    """Directories a child needs to import what the zygote has not: the Python install, every
-    sys.path entry, and this package's own checkout (editable installs)."""
+    """Directories a child needs to import what the host Python can: the Python install, every
+    sys.path entry (``.pth`` paths included), this package's own checkout, and the source
+    directories of editable installs (setuptools' finders map them outside sys.path)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     needed = {sys.base_prefix, sys.prefix, sys.exec_prefix, here}
-    needed |= {p for p in sys.path if os.path.isabs(p) and os.path.isdir(p)}
-    return {os.path.realpath(p) for p in needed}
+    needed |= {p for p in sys.path if os.path.isabs(p)}
+    needed |= editable_paths()
+    return {os.path.realpath(p) for p in needed if os.path.isdir(p)}
+
+
+def editable_paths() -> set[str]:
+    """Package directories of setuptools editable installs (``__editable___*_finder.MAPPING``)."""
+    paths: set[str] = set()
+    for name, module in list(sys.modules.items()):
+        mapping = getattr(module, "MAPPING", None) if name.startswith("__editable__") else None
+        if isinstance(mapping, dict):
+            paths |= {os.path.dirname(p) if os.path.isfile(p) else p for p in mapping.values()}
+    return {p for p in paths if isinstance(p, str) and os.path.isabs(p)}
 
 
 def python_visibility_plan() -> list[tuple[str, tuple[str, ...]]]:
@@ -164,15 +172,20 @@ def python_visibility_plan() -> list[tuple[str, tuple[str, ...]]]:
     return [(hidden, tuple(_outermost(paths))) for hidden, paths in sorted(plan.items())]
 
 
-def prepare(workdir: str, keep_fds: tuple[int, ...]) -> None:
+def prepare(workdir: str, stdout_fd: int, stderr_fd: int, keep_fds: tuple[int, ...]) -> None:
     """In a fresh child, before its call: own session and process group, default signal
-    dispositions, cwd in its temp dir, stdio redirected, every other descriptor closed."""
+    dispositions, cwd in its temp dir, stdin /dev/null (the call installs its own), stdout and
+    stderr the files the pool reads, every other descriptor closed."""
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-size writes fail with EFBIG instead
     os.chdir(workdir)
-    _redirect_stdio(workdir)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
     _close_other_fds(keep_fds)
 
 
@@ -235,13 +248,7 @@ def become_subreaper() -> None:
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _expose_python(plan: list[tuple[str, tuple[str, ...]]], notes: list[str]) -> None:
-    for hidden, keeps in plan:
-        if not _mount_over(hidden, b"mode=755,size=1m", keeps, notes):
-            notes.append(f"could not hide {hidden}")
-
-
-def _mount_over(target: str, opts: bytes, keeps: tuple[str, ...], notes: list[str]) -> bool:
+def _mount_over(target: str, opts: bytes, keeps: tuple[str, ...]) -> bool:
     """Mount a fresh tmpfs on ``target``, then bind ``keeps`` (paths under it) back into it."""
     # Open the kept dirs before the mount hides them; bind them back through /proc/self/fd.
     fds = [os.open(k, os.O_PATH | os.O_DIRECTORY) for k in keeps]
@@ -252,7 +259,7 @@ def _mount_over(target: str, opts: bytes, keeps: tuple[str, ...], notes: list[st
             os.makedirs(keep, exist_ok=True)
             source = f"/proc/self/fd/{fd}".encode()
             if _libc.mount(source, keep.encode(), None, MS_BIND | MS_REC, None) != 0:
-                notes.append(f"could not keep {keep} visible")
+                return False
         return True
     finally:
         for fd in fds:
@@ -283,16 +290,6 @@ def _outermost(paths: set[str]) -> list[str]:
 def _mount_bind(source: str, target: str) -> int:
     rc: int = _libc.mount(source.encode(), target.encode(), None, MS_BIND, None)
     return rc
-
-
-def _redirect_stdio(workdir: str) -> None:
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    out = os.open(os.path.join(workdir, ".fd_output"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
 
 
 def _close_other_fds(keep_fds: tuple[int, ...]) -> None:

@@ -2,8 +2,15 @@
 
 Two warm zygotes (:mod:`sandbox_pool.images`: ``light`` and ``heavy``) hand the pool
 pre-forked, isolated children; each call goes to a ready child of the image its code
-needs, is written straight to it and its result read straight back: two pipe hops, no fork.
-The pool enforces the wall-clock deadline: at the deadline it SIGKILLs the child's process group.
+needs, is written straight to it and its end read straight back: two pipe hops, no fork. The
+call's stdout and stderr are files the pool reads once it has ended, so what was printed before
+a crash, an ``os._exit`` or the deadline is kept. The pool enforces the wall-clock deadline: at
+the deadline it SIGKILLs the child's process group (a C++ call's deadline starts once it has
+compiled; compiling has its own, ``cpp_compile_timeout_s``).
+
+Isolation fails closed: :meth:`SandboxPool.start` raises
+:class:`~sandbox_pool.zygote_client.IsolationUnavailable` when a layer cannot be applied here,
+unless ``allow_weak_isolation`` is set.
 
 Lifecycle: ``start()`` (or ``async with``) launches the zygotes; ``close()`` lets in-flight calls
 finish, then stops them; a call on a closed pool raises :class:`PoolClosed`. At most
@@ -31,9 +38,16 @@ from sandbox_pool.protocol import (
     Limits,
     ProtocolError,
     encode_frame,
+    timeout_message,
 )
 from sandbox_pool.zygote import ZygoteConfig
-from sandbox_pool.zygote_client import ChildHandle, ZygoteHandle, set_scheduling, signal_group
+from sandbox_pool.zygote_client import (
+    ChildHandle,
+    IsolationUnavailable,
+    ZygoteHandle,
+    set_scheduling,
+    signal_group,
+)
 
 DEFAULT_UID_BASE = 1_500_000
 _PIPE_CAPACITY = 65536
@@ -56,6 +70,9 @@ class PoolConfig:
     heavy: Image = HEAVY
     uid_base: int | None = DEFAULT_UID_BASE  # first of the unprivileged uids (root only)
     startup_timeout_s: float = 60.0
+    allow_weak_isolation: bool = False  # serve even where a layer cannot be applied (unsafe)
+    cpp_compiler: str = "g++"
+    cpp_compile_timeout_s: float = 10.0
 
     def resolved_workers(self) -> int:
         return self.num_workers or os.cpu_count() or 1
@@ -150,13 +167,14 @@ class SandboxPool(SandboxAPI):
         finally:
             self._waiting -= 1
         self._running += 1
-        zygote = self._zygotes[image_for(request.code)]
+        zygote = self._zygotes[image_for(request.code, request.language)]
         try:
             child = await zygote.take(self.config.startup_timeout_s)
-        except TimeoutError:
+        except (TimeoutError, IsolationUnavailable) as exc:
             self._running -= 1
             self._slots.release()
-            return ExecResult(status="internal_error", stderr="no sandbox process became ready")
+            reason = str(exc) or "no sandbox process became ready"
+            return ExecResult(status="internal_error", stderr=reason)
         try:
             return await self._call(child, request, self._limits_for(request))
         finally:
@@ -167,10 +185,12 @@ class SandboxPool(SandboxAPI):
 
     def _limits_for(self, request: ExecRequest) -> Limits:
         caps = self.config.limits
+        stream_cap = caps.max_file_mb * 1024 * 1024  # no stream can be longer
         return replace(
             caps,
             timeout_s=min(request.timeout_s or caps.timeout_s, caps.timeout_s),
             memory_mb=min(request.memory_mb or caps.memory_mb, caps.memory_mb),
+            max_output_chars=min(request.max_output_chars or caps.max_output_chars, stream_cap),
         )
 
     async def _call(self, child: ChildHandle, request: ExecRequest, limits: Limits) -> ExecResult:
@@ -182,12 +202,15 @@ class SandboxPool(SandboxAPI):
                 "stdin": request.stdin,
                 "timeout_s": limits.timeout_s,
                 "memory_mb": limits.memory_mb,
-                "max_output_chars": limits.max_output_chars,
+                "language": request.language,
+                "mode": request.mode,
+                "cpp_compiler": self.config.cpp_compiler,
             }
         )
-        done: asyncio.Future[dict[str, Any]] = loop.create_future()
+        cpp = request.language == "cpp"
+        call = _CallState(loop, limits.timeout_s)
         started = time.perf_counter()
-        loop.add_reader(child.res_r, _on_result, child.res_r, FrameReader(), done)
+        loop.add_reader(child.res_r, call.on_readable, child.res_r)
         try:
             try:
                 if len(frame) > _PIPE_CAPACITY:  # the child drains it; keep the loop free
@@ -196,19 +219,30 @@ class SandboxPool(SandboxAPI):
                     _write_all(child.job_w, frame)
             except OSError:
                 return ExecResult(status="internal_error", stderr="sandbox process vanished")
-            timer = loop.call_later(limits.timeout_s, _expire, done)
-            msg = await done
-            timer.cancel()
-            if msg is _TIMED_OUT:
-                signal_group(child.pid, signal.SIGKILL)
-                return ExecResult(
-                    status="timeout",
-                    stderr=f"TimeoutError: execution exceeded {limits.timeout_s:g} s",
-                    duration_s=time.perf_counter() - started,
-                )
-            return _to_result(msg, time.perf_counter() - started)
+            call.arm(self.config.cpp_compile_timeout_s if cpp else limits.timeout_s)
+            msg = await call.done
+            call.disarm()
         finally:
             loop.remove_reader(child.res_r)
+        wall_s = time.perf_counter() - started
+        if msg is _TIMED_OUT:
+            signal_group(child.pid, signal.SIGKILL)
+        cap = limits.max_output_chars
+        stdout, cut_out = _read_stream(child.out_fd, cap)
+        stderr, cut_err = _read_stream(child.err_fd, cap)
+        if msg is _TIMED_OUT:
+            compiling = cpp and not call.compiled
+            limit_s = self.config.cpp_compile_timeout_s if compiling else limits.timeout_s
+            return ExecResult(
+                status="timeout",
+                stdout=stdout,
+                stderr=_append_line(stderr, timeout_message(limit_s)),
+                duration_s=wall_s,
+            )
+        result = _to_result(msg, stdout, stderr, wall_s)
+        if (cut_out or cut_err) and result.status in ("ok", "error"):
+            result = replace(result, status="output_limit")
+        return result
 
     def _zygote_config(self, image: Image) -> ZygoteConfig:
         lim = self.config.limits
@@ -223,45 +257,98 @@ class SandboxPool(SandboxAPI):
             max_processes=lim.max_processes,
             max_file_mb=lim.max_file_mb,
             max_open_files=lim.max_open_files,
+            allow_weak_isolation=self.config.allow_weak_isolation,
         )
 
 
 _TIMED_OUT: dict[str, Any] = {"timed_out": True}
 
 
-def _expire(done: asyncio.Future[dict[str, Any]]) -> None:
-    if not done.done():
-        done.set_result(_TIMED_OUT)
+class _CallState:
+    """The pool's side of one running call: the frames it reports and its deadline timer.
+
+    A C++ call reports ``{"started": true}`` once compiled: the deadline restarts there."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, run_timeout_s: float) -> None:
+        self.loop = loop
+        self.run_timeout_s = run_timeout_s
+        self.done: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self.reader = FrameReader()
+        self.timer: asyncio.TimerHandle | None = None
+        self.compiled = False
+
+    def arm(self, timeout_s: float) -> None:
+        self.disarm()
+        self.timer = self.loop.call_later(timeout_s, self._expire)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _expire(self) -> None:
+        if not self.done.done():
+            self.done.set_result(_TIMED_OUT)
+
+    def on_readable(self, fd: int) -> None:
+        if self.done.done():
+            return
+        try:
+            data = os.read(fd, 1 << 16)
+            frames = self.reader.feed(data) if data else [{"died": -1}]
+        except (OSError, ProtocolError) as exc:
+            frames = [{"status": "internal_error", "stderr": f"bad result channel: {exc}"}]
+        for frame in frames:
+            if frame.get("started"):
+                self.compiled = True
+                self.arm(self.run_timeout_s)
+                continue
+            self.done.set_result(frame)
+            return
 
 
-def _on_result(fd: int, reader: FrameReader, done: asyncio.Future[dict[str, Any]]) -> None:
-    if done.done():
-        return
-    try:
-        data = os.read(fd, 1 << 16)
-        frames = reader.feed(data) if data else [{"died": -1}]
-    except (OSError, ProtocolError) as exc:
-        frames = [{"status": "internal_error", "stderr": f"bad result channel: {exc}"}]
-    if frames:
-        done.set_result(frames[0])
-
-
-def _to_result(msg: dict[str, Any], wall_s: float) -> ExecResult:
-    if "died" in msg:  # the runner ended without writing a result
+def _to_result(msg: dict[str, Any], stdout: str, stderr: str, wall_s: float) -> ExecResult:
+    if "died" in msg:  # the process ended without reporting (a crash, a signal, posix._exit)
         code = int(msg["died"])
         if code - 128 in (signal.SIGXCPU, signal.SIGKILL):
-            return ExecResult(
-                status="timeout", stderr="TimeoutError: CPU time limit exceeded", duration_s=wall_s
-            )
-        reason = "the snippet ended without a result"
+            stderr = _append_line(stderr, "TimeoutError: CPU time limit exceeded")
+            return ExecResult(status="timeout", stdout=stdout, stderr=stderr, duration_s=wall_s)
         if code > 128:
+            name = str(code - 128)
             with contextlib.suppress(ValueError):
-                reason = f"the snippet was killed by signal {signal.Signals(code - 128).name}"
-        return ExecResult(status="error", stderr=reason, duration_s=wall_s)
+                name = signal.Signals(code - 128).name
+            stderr = _append_line(stderr, f"the snippet was killed by signal {name}")
+        return ExecResult(
+            status="ok" if code == 0 else "error",
+            stdout=stdout,
+            stderr=stderr,
+            exit_code=code,
+            duration_s=wall_s,
+        )
+    if msg.get("status") == "internal_error":
+        return ExecResult(status="internal_error", stderr=str(msg.get("stderr", "")))
     try:
-        return ExecResult.from_json(msg)
+        reported = ExecResult.from_json(msg)
     except (ProtocolError, TypeError, ValueError):
         return ExecResult(status="internal_error", stderr="malformed result from sandbox")
+    return replace(reported, stdout=stdout, stderr=stderr)
+
+
+def _read_stream(fd: int, cap_chars: int) -> tuple[str, bool]:
+    """The first ``cap_chars`` characters of a call's output file, and whether it was longer."""
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, min(size, 4 * cap_chars), 0) if size else b""
+    except OSError:
+        return "", False
+    text = data.decode("utf-8", "replace")
+    return text[:cap_chars], len(data) < size or len(text) > cap_chars
+
+
+def _append_line(text: str, line: str) -> str:
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + line
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -22,8 +22,18 @@ STATUSES: tuple[Status, ...] = (
     "rejected",
     "internal_error",
 )
+Language = Literal["python", "cpp"]
+Mode = Literal["cell", "script"]
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 _HEADER = struct.Struct(">I")
+
+
+def timeout_message(timeout_s: float) -> str:
+    """The line the pool appends to stderr when it kills a call at its deadline."""
+    return f"TimeoutError: execution exceeded {timeout_s:g} s"
+
+
+TIMEOUT_PREFIX = "TimeoutError: execution exceeded "
 
 
 class ProtocolError(ValueError):
@@ -36,7 +46,8 @@ class Limits:
 
     timeout_s: float = 4.0
     memory_mb: int = 1024
-    max_output_chars: int = 65536
+    max_output_chars: int = 65536  # per stream returned; a request may ask for more, up to
+    # max_file_mb (the size a stream can reach)
     max_processes: int = 16
     max_file_mb: int = 16
     max_open_files: int = 64
@@ -44,17 +55,27 @@ class Limits:
 
 @dataclass(frozen=True, kw_only=True)
 class ExecRequest:
+    """One call. ``mode`` ``cell`` (default) prints a final bare expression and reports errors
+    as ``<ErrType> at line N``; ``script`` runs the code exactly as ``python3 main.py`` would
+    (see :mod:`sandbox_pool.runner`). ``max_output_chars`` lowers the pool's cap per stream."""
+
     code: str
     stdin: str = ""
     timeout_s: float | None = None
     memory_mb: int | None = None
+    language: Language = "python"
+    mode: Mode = "cell"
+    max_output_chars: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: Any, *, max_code_chars: int = 1_000_000) -> ExecRequest:
         """Validate a decoded JSON body; ProtocolError names the offending field."""
         if not isinstance(data, dict):
             raise ProtocolError("request body must be a JSON object")
-        unknown = set(data) - {"code", "stdin", "timeout_s", "memory_mb"}
+        unknown = set(data) - _REQUEST_FIELDS
         if unknown:
             raise ProtocolError(f"unknown field(s): {', '.join(sorted(unknown))}")
         code = data.get("code")
@@ -67,9 +88,26 @@ class ExecRequest:
             raise ProtocolError("'stdin' must be a string")
         if len(stdin) > max_code_chars:
             raise ProtocolError(f"'stdin' exceeds {max_code_chars} characters")
-        timeout_s = _optional_number(data, "timeout_s", float)
-        memory_mb = _optional_number(data, "memory_mb", int)
-        return cls(code=code, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
+        language = data.get("language", "python")
+        if language not in ("python", "cpp"):
+            raise ProtocolError("'language' must be 'python' or 'cpp'")
+        mode = data.get("mode", "cell")
+        if mode not in ("cell", "script"):
+            raise ProtocolError("'mode' must be 'cell' or 'script'")
+        return cls(
+            code=code,
+            stdin=stdin,
+            timeout_s=_optional_number(data, "timeout_s", float),
+            memory_mb=_optional_number(data, "memory_mb", int),
+            language=language,
+            mode=mode,
+            max_output_chars=_optional_number(data, "max_output_chars", int),
+        )
+
+
+_REQUEST_FIELDS = frozenset(
+    {"code", "stdin", "timeout_s", "memory_mb", "language", "mode", "max_output_chars"}
+)
 
 
 @dataclass(frozen=True, kw_only=True)

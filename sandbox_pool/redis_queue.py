@@ -10,7 +10,9 @@ Guarantees:
 - A call whose worker dies is reclaimed (XAUTOCLAIM) by another worker once it has been pending
   longer than the visibility timeout, and re-run.
 - Results and markers expire (``result_ttl_s``); workers heartbeat every second into a key that
-  expires, and :meth:`RedisDispatcher.status` lists the live ones.
+  expires (with their number of execution slots), and :meth:`RedisDispatcher.status` lists the
+  live ones, their slots in all (``num_workers``) and the calls not yet delivered (``queued``).
+- A call carries the whole :class:`ExecRequest` (language, mode, output cap included).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from sandbox_pool.pool import SandboxPool
-from sandbox_pool.protocol import ExecRequest, ExecResult
+from sandbox_pool.protocol import ExecRequest, ExecResult, ProtocolError
 
 PREFIX = "sandbox:"
 STREAM = PREFIX + "calls"
@@ -83,6 +85,8 @@ class RedisDispatcher:
         self._waiters: dict[str, asyncio.Future[ExecResult]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._workers: list[str] = []
+        self._slots = 0
+        self._lag = 0
         self._status_task: asyncio.Task[None] | None = None
         self.results_received = 0  # every result message, duplicates included (there are none)
 
@@ -104,14 +108,7 @@ class RedisDispatcher:
         call_id = uuid.uuid4().hex
         future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
         self._waiters[call_id] = future
-        payload = {
-            "id": call_id,
-            "node": self.node,
-            "code": request.code,
-            "stdin": request.stdin,
-            "timeout_s": request.timeout_s,
-            "memory_mb": request.memory_mb,
-        }
+        payload = {"id": call_id, "node": self.node, "request": request.to_json()}
         try:
             await self._client.xadd(STREAM, {"call": json.dumps(payload)})
             return await asyncio.wait_for(future, self.config.max_wait_s)
@@ -121,7 +118,26 @@ class RedisDispatcher:
             self._waiters.pop(call_id, None)
 
     def status(self) -> dict[str, Any]:
-        return {"num_workers": len(self._workers), "workers": self._workers, "queued": 0}
+        return {"num_workers": self._slots, "workers": self._workers, "queued": self._lag}
+
+    async def refresh(self) -> None:
+        """Read the live workers (and their slots) and the undelivered calls from Redis."""
+        keys = [k async for k in self._client.scan_iter(match=PREFIX + "worker:*")]
+        beats = await self._client.mget(keys) if keys else []
+        slots = 0
+        for beat in beats:
+            if beat is None:  # expired between the scan and the read
+                continue
+            with contextlib.suppress(TypeError, ValueError, AttributeError):
+                slots += int(json.loads(beat).get("num_workers", 0))
+        self._workers = sorted(k.removeprefix(PREFIX + "worker:") for k in keys)
+        self._slots = slots
+        lag = 0
+        with contextlib.suppress(ResponseError):
+            for group in await self._client.xinfo_groups(STREAM):
+                if group.get("name") == GROUP:
+                    lag = int(group.get("lag") or 0)
+        self._lag = lag
 
     async def _listen(self) -> None:
         key = PREFIX + "results:" + self.node
@@ -141,8 +157,7 @@ class RedisDispatcher:
 
     async def _refresh_workers(self) -> None:
         while True:
-            names = [k async for k in self._client.scan_iter(match=PREFIX + "worker:*")]
-            self._workers = sorted(n.removeprefix(PREFIX + "worker:") for n in names)
+            await self.refresh()
             await asyncio.sleep(self.config.heartbeat_s)
 
 
@@ -159,6 +174,7 @@ class RedisWorker:
         self._slots = asyncio.Semaphore(self._capacity)
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
+        self.registered = asyncio.Event()  # set once its first heartbeat is in Redis
         self.processed = 0
 
     async def run(self) -> None:
@@ -212,11 +228,13 @@ class RedisWorker:
         ttl = max(2, int(self.config.heartbeat_s * 5))
         while True:
             info = {
+                "num_workers": self.pool.num_workers,
                 "in_flight": self.pool.in_flight,
                 "processed": self.processed,
                 "time": time.time(),
             }
             await self._client.set(key, json.dumps(info), ex=ttl)
+            self.registered.set()
             await asyncio.sleep(self.config.heartbeat_s)
 
     async def _start(self, msg_id: str, fields: dict[str, str]) -> None:
@@ -231,14 +249,12 @@ class RedisWorker:
             done_key = PREFIX + "done:" + call["id"]
             payload = ""
             if not await self._client.exists(done_key):  # skip work already answered
-                result = await self.pool.execute(
-                    ExecRequest(
-                        code=call["code"],
-                        stdin=call.get("stdin") or "",
-                        timeout_s=call.get("timeout_s"),
-                        memory_mb=call.get("memory_mb"),
-                    )
-                )
+                try:
+                    request = ExecRequest.from_json(call["request"])
+                except ProtocolError as exc:
+                    result = ExecResult(status="internal_error", stderr=f"bad call: {exc}")
+                else:
+                    result = await self.pool.execute(request)
                 payload = json.dumps({"id": call["id"], **result.to_json()})
             result_key = PREFIX + "results:" + call["node"]
             await self._settle(

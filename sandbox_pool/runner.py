@@ -1,135 +1,265 @@
-"""What a sandbox child does with one snippet: IPython-style execution with captured, capped output.
+"""What a sandbox child does with one call: run it as ``python3 -u main.py`` would.
 
-Semantics (the rStar2 tool's):
-- ``stdin`` feeds ``input()`` / ``sys.stdin``.
-- The value of a final bare expression is printed as its ``repr`` (unless it is None).
-- An exception is reported on stderr as ``<ErrType> at line N: msg`` followed by the source line,
-  exit code 1, status ``error``; ``SyntaxError`` the same way. ``sys.exit(n)`` gives exit code n.
-- ``MemoryError`` gives status ``memory``; output past ``max_output_chars`` gives ``output_limit``.
-This module does no isolation: :mod:`sandbox_pool.isolation` has done that before it runs.
+The child is already isolated (:mod:`sandbox_pool.isolation`); fds 1 and 2 are files the pool
+reads after the call. Guarantees, in both modes:
+- stdin, stdout and stderr are real file descriptors: ``sys.stdout.buffer``, ``fileno()``,
+  ``open(0)``, ``os.write(1, ...)``, ``os.system`` and child processes behave as in a script
+  whose streams are redirected to files. Output is unbuffered (``python3 -u``), so what was
+  printed survives ``os._exit``, a crash and a timeout.
+- The code is the file ``main.py`` in the call's working directory: ``sys.argv == [path]``,
+  ``__file__`` is that path, ``sys.path[0]`` its directory, tracebacks show its lines.
+- The call ends when the script and every process it started have ended: the interpreter's
+  own shutdown runs (non-daemon threads joined, atexit handlers), then lingering child
+  processes are waited for (the pool's deadline bounds the wait).
+- ``os._exit(n)`` reports ``n`` before exiting (so the pool does not wait for the zygote to
+  reap the process); the stdlib function is replaced in the child only, here and nowhere else.
+
+Modes: ``script`` is plain Python (code-judge's endpoints): an uncaught exception prints the
+standard traceback, exit code 1. ``cell`` is the rStar2 tool's (our agent loop and /v1): a final
+bare expression is printed as its ``repr``, and an exception is reported as ``<ErrType> at line
+N: msg`` plus the source line. In both, ``MemoryError`` gives status ``memory``.
+
+C++ (``language: cpp``): ``main.cpp`` is compiled with g++ ``-O2`` inside the sandbox; a compile
+error is status ``error`` with the compiler's message on stderr; the program then runs with the
+call's stdin, stdout and stderr, its address space capped at the call's memory limit.
 """
 
 from __future__ import annotations
 
 import ast
+import atexit
 import builtins
 import contextlib
 import io
+import os
+import resource
+import subprocess
 import sys
+import threading
+import time
 import traceback
+import types
+from collections.abc import Callable
 from typing import Any
 
-FILENAME = "<tool>"
+SCRIPT_NAME = "main.py"
+CPP_SOURCE = "main.cpp"
+CPP_EXE = "main"
+CPP_EXTRA_VM_BYTES = 64 * 1024 * 1024  # the C++ runtime's own mappings, on top of memory_mb
+MEMORY_EXIT = "memory"
+
+Report = Callable[[dict[str, Any]], None]
 
 
-class OutputLimitExceeded(BaseException):
-    """Raised into the snippet when it prints past the cap (BaseException: not caught by except
-    Exception in user code)."""
+def run_call(call: dict[str, Any], workdir: str, base_vm_bytes: int, report: Report) -> None:
+    """Run one call in this (sandbox child) process, then ``report`` its end; never raises.
+
+    ``report`` receives ``{status, exit_code, duration_s}``; a C++ call first reports
+    ``{"started": true}`` once compiled (the pool's run deadline starts there).
+    """
+    start = time.perf_counter()
+    _install_stdin(call.get("stdin") or "")
+    _install_streams()
+    if call.get("language") == "cpp":
+        status, code = _run_cpp(call, workdir, report)
+    else:
+        status, code = _run_python(call, workdir, base_vm_bytes, start, report)
+    _reap_all()
+    report({"status": status, "exit_code": code, "duration_s": time.perf_counter() - start})
 
 
-class CappedWriter(io.TextIOBase):
-    """A text stream keeping at most ``cap`` characters; writing past the cap raises."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.parts: list[str] = []
-        self.size = 0
-        self.overflowed = False
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, s: str) -> int:
-        if self.overflowed:
-            raise OutputLimitExceeded
-        room = self.cap - self.size
-        if len(s) > room:
-            self.parts.append(s[:room])
-            self.size = self.cap
-            self.overflowed = True
-            raise OutputLimitExceeded
-        self.parts.append(s)
-        self.size += len(s)
-        return len(s)
-
-    def getvalue(self) -> str:
-        return "".join(self.parts)
+# ---- Python ----
 
 
-def run_code(code: str, stdin: str, max_output_chars: int) -> dict[str, Any]:
-    """Execute ``code``; return ``{status, stdout, stderr, exit_code}``. Never raises."""
-    out, err = CappedWriter(max_output_chars), CappedWriter(max_output_chars)
-    saved = sys.stdin, sys.stdout, sys.stderr
-    sys.stdin, sys.stdout, sys.stderr = io.StringIO(stdin), out, err
-    status, exit_code = "ok", 0
+def _run_python(
+    call: dict[str, Any], workdir: str, base_vm_bytes: int, start: float, report: Report
+) -> tuple[str, int]:
+    source: str = call["code"]
+    path = os.path.join(workdir, SCRIPT_NAME)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(source)
+    module = types.ModuleType("__main__")
+    module.__dict__.update({"__file__": path, "__builtins__": builtins, "__cached__": None})
+    sys.modules["__main__"] = module
+    sys.argv = [path]
+    sys.path[0:0] = [workdir]
+    _hook_os_exit(start, report)
+    cell = call.get("mode", "cell") == "cell"
+    status, code = "ok", 0
     try:
-        _execute(code)
-    except OutputLimitExceeded:
-        status, exit_code = "output_limit", 1
+        _execute(source, path, module.__dict__, print_last=cell)
     except SystemExit as exc:
-        exit_code = _exit_code(exc, err)
-        status = "ok" if exit_code == 0 else "error"
+        code = _exit_code(exc)
     except MemoryError:
-        status, exit_code = "memory", 1
-        _safe_write(err, "MemoryError: the snippet exceeded its memory limit\n")
+        status, code = MEMORY_EXIT, 1
+        _write_stderr("MemoryError: the snippet exceeded its memory limit\n")
     except BaseException as exc:
-        status, exit_code = "error", 1
-        _safe_write(err, format_exception(exc, code) + "\n")
-    finally:
-        sys.stdin, sys.stdout, sys.stderr = saved
-    if out.overflowed or err.overflowed:
-        status = "output_limit"
-    return {
-        "status": status,
-        "stdout": out.getvalue(),
-        "stderr": err.getvalue(),
-        "exit_code": exit_code,
-    }
+        code = 1
+        _write_stderr(format_cell_error(exc, source, path) if cell else _script_traceback(exc))
+    code = _finalize(code)
+    if status == "ok" and code != 0:
+        status = "error"
+    return status, code
 
 
-def _execute(code: str) -> None:
-    tree = ast.parse(code, FILENAME, "exec")
+def _execute(source: str, path: str, namespace: dict[str, Any], *, print_last: bool) -> None:
+    tree = ast.parse(source, path, "exec")
     last: ast.Expression | None = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
+    if print_last and tree.body and isinstance(tree.body[-1], ast.Expr):
         final = tree.body.pop()
         assert isinstance(final, ast.Expr)
         last = ast.Expression(final.value)
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-    exec(compile(tree, FILENAME, "exec"), namespace)
+    exec(compile(tree, path, "exec"), namespace)
     if last is not None:
-        value = eval(compile(last, FILENAME, "eval"), namespace)
+        value = eval(compile(last, path, "eval"), namespace)
         if value is not None:
             print(repr(value))
 
 
-def format_exception(exc: BaseException, code: str) -> str:
+def _finalize(code: int) -> int:
+    """What the interpreter does at exit: join non-daemon threads, run atexit handlers, flush."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own exit step
+        atexit._run_exitfuncs()
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException as exc:
+        _write_stderr(_script_traceback(exc))
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    return code
+
+
+def format_cell_error(exc: BaseException, code: str, path: str) -> str:
     """``<ErrType> at line N: msg`` plus the offending source line (when it is in the snippet)."""
     lineno: int | None = None
-    if isinstance(exc, SyntaxError) and exc.filename == FILENAME:
+    if isinstance(exc, SyntaxError) and exc.filename == path:
         lineno = exc.lineno
         message = exc.msg
     else:
         message = str(exc)
         for frame in traceback.extract_tb(exc.__traceback__):
-            if frame.filename == FILENAME:
+            if frame.filename == path:
                 lineno = frame.lineno
     name = type(exc).__name__
     if lineno is None:
-        return f"{name}: {message}"
+        return f"{name}: {message}\n"
     lines = code.splitlines()
     source = lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
-    return f"{name} at line {lineno}: {message}" + (f"\n    {source}" if source else "")
+    return f"{name} at line {lineno}: {message}" + (f"\n    {source}" if source else "") + "\n"
 
 
-def _exit_code(exc: SystemExit, err: CappedWriter) -> int:
+def _script_traceback(exc: BaseException) -> str:
+    """The traceback Python prints for an uncaught exception, without this module's frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _exit_code(exc: SystemExit) -> int:
     if exc.code is None:
         return 0
     if isinstance(exc.code, int):
-        return exc.code
-    _safe_write(err, f"{exc.code}\n")
+        return exc.code & 0xFF
+    _write_stderr(f"{exc.code}\n")
     return 1
 
 
-def _safe_write(stream: CappedWriter, text: str) -> None:
-    with contextlib.suppress(OutputLimitExceeded):
-        stream.write(text)
+# ---- C++ ----
+
+
+def _run_cpp(call: dict[str, Any], workdir: str, report: Report) -> tuple[str, int]:
+    source = os.path.join(workdir, CPP_SOURCE)
+    exe = os.path.join(workdir, CPP_EXE)
+    with open(source, "w", encoding="utf-8") as fh:
+        fh.write(call["code"])
+    compiler = call.get("cpp_compiler") or "g++"
+    try:
+        built = subprocess.run(
+            [compiler, "-O2", "-o", exe, source],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            check=False,
+        )
+    except OSError as exc:
+        _write_stderr(f"could not run the C++ compiler {compiler!r}: {exc}\n")
+        return "error", 1
+    if built.returncode != 0:
+        os.write(2, built.stdout + built.stderr)
+        return "error", built.returncode if built.returncode > 0 else 1
+    report({"started": True})
+    wanted = int(call["memory_mb"]) * 1024 * 1024 + CPP_EXTRA_VM_BYTES
+    vm_bytes = min(wanted, resource.getrlimit(resource.RLIMIT_AS)[1])
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (vm_bytes, vm_bytes))
+
+    proc = subprocess.Popen([exe], preexec_fn=limit_memory, close_fds=True)  # inherits 0, 1, 2
+    code = proc.wait()
+    if code < 0:  # killed by a signal: report it as a shell would
+        return "error", 128 - code
+    return ("ok" if code == 0 else "error"), code
+
+
+# ---- process plumbing ----
+
+
+def _install_stdin(text: str) -> None:
+    fd = os.memfd_create("stdin")
+    data = text.encode("utf-8", "surrogateescape")
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.dup2(fd, 0)
+    os.close(fd)
+
+
+def _install_streams() -> None:
+    """``sys.stdin/stdout/stderr`` over fds 0-2, as ``python3 -u`` makes them."""
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8"
+    )
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True
+    )
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.FileIO(2, "w", closefd=False),
+        encoding="utf-8",
+        errors="backslashreplace",
+        write_through=True,
+    )
+
+
+def _hook_os_exit(start: float, report: Report) -> None:
+    real_exit = os._exit
+
+    def _exit(code: int) -> None:
+        status = "ok" if code == 0 else "error"
+        with contextlib.suppress(BaseException):
+            report({"status": status, "exit_code": code, "duration_s": time.perf_counter() - start})
+        real_exit(code)
+
+    os._exit = _exit  # type: ignore[assignment]
+
+
+def _reap_all() -> None:
+    """Wait for every process the call left behind (as PID 1 of its namespace, orphans are
+    re-parented here); the pool's deadline kills the lot if they do not end."""
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+
+
+def _write_stderr(text: str) -> None:
+    with contextlib.suppress(BaseException):
+        sys.stderr.write(text)
+        return
+    with contextlib.suppress(OSError):
+        os.write(2, text.encode("utf-8", "backslashreplace"))

@@ -1,28 +1,35 @@
 """The sandbox-pool HTTP service (aiohttp): native /v1 API, code-judge endpoints, health, metrics.
 
-Guarantees: every admitted call gets exactly one answer; past ``max_pending`` admitted calls a
-native request is answered 429 with ``Retry-After`` and a code-judge submission with reason
-``queue_timeout`` (what code-judge clients retry on), never dropped silently. Bad JSON, unknown
-fields and over-size bodies are 4xx with a reason. ``/healthz`` and ``/ping`` never wait for the
-executor. With a token configured, every other endpoint needs ``Authorization: Bearer <token>``.
+Guarantees: every admitted call gets exactly one answer. Past ``max_pending`` admitted calls a
+native request is answered 429 with ``Retry-After``; a code-judge submission waits for room, up
+to its queue deadline (``/run``, ``/batch``: ``queue_wait_s``; ``/long-batch``:
+``long_batch_wait_s``), then is answered ``queue_timeout`` (what code-judge clients retry on),
+never dropped silently. Waiting submissions are admitted in arrival order. Bad input is a 4xx
+with a one-line reason: 400 on /v1, 422 with FastAPI's ``detail`` list on code-judge's
+endpoints (see :mod:`sandbox_pool.codejudge`). ``/healthz`` and ``/ping`` never wait for the
+executor. ``/status`` has code-judge's two fields only; ``/v1/status`` has ours. With a token
+configured, every other endpoint needs ``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from sandbox_pool import codejudge as cj
 from sandbox_pool.protocol import STATUSES, ExecRequest, ExecResult, ProtocolError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_log = logging.getLogger("sandbox_pool.server")
 T = TypeVar("T")
 _OPEN_PATHS = frozenset({"/healthz", "/ping"})
 
@@ -43,6 +50,7 @@ class ServerConfig:
     max_batch: int = 1024
     token: str | None = None
     retry_after_s: int = 1
+    codejudge: cj.CodeJudgeSettings = field(default_factory=cj.CodeJudgeSettings)
 
 
 class _Metrics:
@@ -74,22 +82,24 @@ class SandboxServer:
         self.config = config or ServerConfig()
         self.metrics = _Metrics()
         self.pending = 0
+        self._room: deque[asyncio.Future[bool]] = deque()  # code-judge calls waiting for room
         for status in STATUSES:
             self.metrics.calls.labels(status=status)
 
     def build_app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.config.max_body_mb * 1024 * 1024,
-            middlewares=[self._auth_middleware],
+            middlewares=[self._auth_middleware, _errors_middleware],
         )
         app.router.add_post("/v1/execute", self._execute)
         app.router.add_post("/v1/execute/batch", self._execute_batch)
+        app.router.add_get("/v1/status", self._v1_status)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
         for path in ("/run", "/judge"):
             app.router.add_post(path, self._cj_single)
             app.router.add_post(f"{path}/batch", self._cj_batch)
-            app.router.add_post(f"{path}/long-batch", self._cj_batch)
+            app.router.add_post(f"{path}/long-batch", self._cj_long_batch)
         app.router.add_get("/ping", self._ping)
         app.router.add_get("/status", self._status)
         return app
@@ -99,12 +109,40 @@ class SandboxServer:
     def _admit(self, n: int) -> bool:
         """Admit ``n`` calls while below ``max_pending`` (so admitted work is bounded by
         ``max_pending + max_batch``, and a batch larger than ``max_pending`` still gets in)."""
-        if self.pending >= self.config.max_pending:
+        if self.pending >= self.config.max_pending or self._room:
             self.metrics.rejected.inc(n)
             return False
         self.pending += n
         self.metrics.in_flight.set(self.pending)
         return True
+
+    async def _admit_within(self, wait_s: float) -> bool:
+        """Admit one call as soon as there is room (first come, first served), or False after
+        ``wait_s``."""
+        if self.pending < self.config.max_pending and not self._room:
+            self.pending += 1
+            self.metrics.in_flight.set(self.pending)
+            return True
+        loop = asyncio.get_running_loop()
+        room: asyncio.Future[bool] = loop.create_future()
+        timer = loop.call_later(wait_s, _settle, room, False)
+        self._room.append(room)
+        try:
+            admitted = await room
+        finally:
+            timer.cancel()
+        if not admitted:
+            self.metrics.rejected.inc()
+        return admitted
+
+    def _hand_off(self) -> None:
+        """Give freed room to the oldest waiting code-judge call (counted for it here)."""
+        while self._room and self.pending < self.config.max_pending:
+            room = self._room.popleft()
+            if not room.done():
+                self.pending += 1
+                room.set_result(True)
+        self.metrics.in_flight.set(self.pending)
 
     async def _run(self, request: ExecRequest) -> ExecResult:
         """Run one admitted call; it has already been counted in ``pending``."""
@@ -115,7 +153,7 @@ class SandboxServer:
             result = ExecResult(status="internal_error", stderr=f"{type(exc).__name__}: {exc}")
         finally:
             self.pending -= 1
-            self.metrics.in_flight.set(self.pending)
+            self._hand_off()
         self.metrics.calls.labels(status=result.status).inc()
         self.metrics.latency.observe(time.perf_counter() - start)
         return result
@@ -188,38 +226,50 @@ class SandboxServer:
         return web.json_response("pong")
 
     async def _status(self, request: web.Request) -> web.Response:
+        """code-judge's /status: exactly ``queue`` (calls not yet running) and ``num_workers``."""
         status = self.executor.status()
-        return web.json_response(
-            {"queue": status.get("queued", 0), "pending": self.pending, **status}
-        )
+        queued = int(status.get("queued", 0)) + sum(not r.done() for r in self._room)
+        return web.json_response({"queue": queued, "num_workers": int(status["num_workers"])})
+
+    async def _v1_status(self, request: web.Request) -> web.Response:
+        status = self.executor.status()
+        return web.json_response({"pending": self.pending, "waiting": len(self._room), **status})
 
     async def _cj_single(self, request: web.Request) -> web.Response:
-        sub = _submission(await _json_body(request))
+        sub = cj.parse(cj.Submission, await _raw_body(request))
+        result = await self._judge(sub, self.config.codejudge.queue_wait_s)
         judge_only = request.path.startswith("/judge")
-        result = (await self._judge_all([sub]))[0]
-        return web.json_response(_cj_view(result, judge_only))
+        return web.json_response(cj.judge_view(result) if judge_only else result)
 
     async def _cj_batch(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
-        parsed = self._parse_items(body, "submissions", _submission)
+        return await self._cj_many(request, self.config.codejudge.queue_wait_s)
+
+    async def _cj_long_batch(self, request: web.Request) -> web.Response:
+        return await self._cj_many(request, self.config.codejudge.long_batch_wait_s)
+
+    async def _cj_many(self, request: web.Request, wait_s: float) -> web.Response:
+        batch = cj.parse(cj.BatchSubmission, await _raw_body(request))
+        if len(batch.submissions) > self.config.max_batch:
+            raise _unprocessable(f"at most {self.config.max_batch} submissions per batch")
+        results = await asyncio.gather(*(self._judge(s, wait_s) for s in batch.submissions))
         judge_only = request.path.startswith("/judge")
-        results = await self._judge_all(parsed)
         return web.json_response(
             {
-                "sub_id": body.get("sub_id") or str(uuid.uuid4()),
-                "results": [_cj_view(r, judge_only) for r in results],
+                "sub_id": cj.sub_id_of(batch),
+                "results": [cj.judge_view(r) if judge_only else r for r in results],
             }
         )
 
-    async def _judge_all(self, subs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Run what can be admitted; the rest is answered ``queue_timeout`` (clients retry)."""
-        runnable = [s for s in subs if s["type"] == "python"]
-        admitted = runnable if self._admit(len(runnable)) else []
-        results = await self._run_many(
-            [ExecRequest(code=s["solution"], stdin=s.get("input") or "") for s in admitted]
-        )
-        by_id = {id(s): r for s, r in zip(admitted, results, strict=True)}
-        return [_cj_result(s, by_id.get(id(s))) for s in subs]
+    async def _judge(self, sub: cj.Submission, wait_s: float) -> dict[str, Any]:
+        """One submission's SubmissionResult: waits for room up to ``wait_s``, then runs."""
+        start = time.perf_counter()
+        sub_id = cj.sub_id_of(sub)
+        if sub.type == "math":  # code-judge has no executor for it either
+            return cj.failed_result(sub_id, "internal_error", 0.0)
+        if not await self._admit_within(wait_s):
+            return cj.failed_result(sub_id, "queue_timeout", time.perf_counter() - start)
+        result = await self._run(cj.to_request(sub, self.config.codejudge))
+        return cj.submission_result(sub, sub_id, result, self.config.codejudge)
 
     # ---- auth ----
 
@@ -236,51 +286,6 @@ class SandboxServer:
         return await handler(request)
 
 
-def _submission(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise _bad_request("a submission must be a JSON object")
-    if not isinstance(body.get("solution"), str):
-        raise _bad_request("'solution' must be a string")
-    kind = body.get("type", "python")
-    if kind not in ("python", "cpp", "math"):
-        raise _bad_request("'type' must be one of python, cpp, math")
-    stdin = body.get("input")
-    if stdin is not None and not isinstance(stdin, str):
-        raise _bad_request("'input' must be a string")
-    return {**body, "type": kind, "sub_id": body.get("sub_id") or str(uuid.uuid4())}
-
-
-def _cj_result(sub: dict[str, Any], result: ExecResult | None) -> dict[str, Any]:
-    """code-judge's SubmissionResult for one submission."""
-    base = {"sub_id": sub["sub_id"], "stdout": "", "stderr": "", "cost": 0.0}
-    if sub["type"] != "python":
-        err = f"unsupported submission type '{sub['type']}' (this server runs python)"
-        return {**base, "success": False, "run_success": False, "reason": "", "stderr": err}
-    if result is None:
-        return {**base, "success": False, "run_success": False, "reason": "queue_timeout"}
-    run_success = result.status == "ok" and result.exit_code == 0
-    expected = sub.get("expected_output")
-    success = run_success and (expected is None or result.stdout.strip() == str(expected).strip())
-    reason = {"timeout": "worker_timeout", "internal_error": "internal_error"}.get(
-        result.status, ""
-    )
-    return {
-        **base,
-        "success": success,
-        "run_success": run_success,
-        "cost": result.duration_s,
-        "reason": reason,
-        "stdout": result.stdout,
-        "stderr": result.stderr,
-    }
-
-
-def _cj_view(result: dict[str, Any], judge_only: bool) -> dict[str, Any]:
-    if judge_only:
-        return {k: result[k] for k in ("sub_id", "success", "run_success", "cost", "reason")}
-    return result
-
-
 async def _json_body(request: web.Request) -> Any:
     try:
         return await request.json(loads=json.loads)
@@ -288,6 +293,36 @@ async def _json_body(request: web.Request) -> Any:
         raise _bad_request(f"body is not valid JSON ({exc.msg})") from None
     except UnicodeDecodeError:
         raise _bad_request("body is not UTF-8") from None
+
+
+async def _raw_body(request: web.Request) -> bytes:
+    return await request.read()
+
+
+def _unprocessable(reason: str) -> web.HTTPUnprocessableEntity:
+    detail = [{"type": "value_error", "loc": ["body", "submissions"], "msg": reason}]
+    return web.HTTPUnprocessableEntity(
+        text=json.dumps({"detail": detail}), content_type="application/json"
+    )
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """code-judge's 422 for a body that does not validate; never a traceback to the client."""
+    try:
+        return await handler(request)
+    except cj.InvalidBody as exc:
+        return web.json_response({"detail": exc.detail}, status=422)
+    except web.HTTPException:
+        raise
+    except Exception as exc:  # a bug: logged with its traceback, one line to the client
+        _log.exception("unhandled error in %s %s", request.method, request.path)
+        return web.json_response({"error": f"internal error: {type(exc).__name__}"}, status=500)
 
 
 def _bad_request(reason: str) -> web.HTTPBadRequest:

@@ -1,23 +1,26 @@
 """The zygote: a warm process that pre-forks isolated children ahead of demand, and reaps them.
 
-Started by :class:`sandbox_pool.pool.SandboxPool` as ``python -m sandbox_pool.zygote CONFIG_JSON``
+Started by :class:`sandbox_pool.pool.SandboxPool` as ``python -P -m sandbox_pool.zygote CONFIG``
 with a scrubbed environment and one end of a SOCK_SEQPACKET socket pair. It imports the
-configured modules once (BLAS thread counts set to 1 first), then keeps ``num_children`` children
-outstanding: each is forked, isolated, and handed to the pool as one message ``{pid, uid}`` with
-two descriptors (the pipe the call is written to, the pipe its result comes back on). A child
-writes ``{"ready": true}`` on its result pipe once it is isolated; the pool only hands
+configured modules once (BLAS thread counts set to 1 first), applies its own isolation layers
+and probes the per-child ones, and sends the pool one report ``{"isolation": {"missing": [...]}}``;
+with something missing it exits unless weak isolation was accepted. Then it keeps
+``num_children`` children outstanding: each is forked, isolated, and handed to the pool as one
+message ``{pid, uid}`` with four descriptors (the pipe the call is written to, the pipe its
+result comes back on, and its stdout and stderr, two memfds the pool reads after the call).
+A child writes ``{"ready": true}`` on its result pipe once it is isolated; the pool only hands
 calls to ready children and talks to them directly, so neither a fork, a child's preparation nor
 this process is on a call's latency path.
 
 Messages from the pool: ``{"op": "release", "pid": P}`` once the pool has SIGKILLed child P's
-process group (the zygote reaps it, deletes its temp dir, frees its uid, and forks a
-replacement), and ``{"op": "shutdown"}``. EOF on the socket also means shutdown.
+process group (the zygote reaps it, frees its uid, and forks a replacement), and
+``{"op": "shutdown"}``. EOF on the socket also means shutdown.
 
-Each child is one process, PID 1 of its own PID namespace (so when it dies the kernel kills
-everything it started) with its own mount namespace; all children share one empty network
-namespace that the zygote enters at start. The zygote keeps a copy of each child's result pipe:
-if a child dies without writing a result, the zygote writes ``{"died": code}`` (128 + signal
-number when killed) so the pool always learns how the call ended.
+Each child is one process, PID 1 of its own PID, mount, network and IPC namespaces (so when it
+dies the kernel kills everything it started, and its private /tmp goes with it). The zygote
+keeps a copy of each child's result pipe: if a child ends without writing a result, the zygote
+writes ``{"died": code}`` (its exit code, 128 + signal number when killed) so the pool always
+learns how the call ended.
 """
 
 from __future__ import annotations
@@ -50,12 +53,13 @@ class ZygoteConfig:
     num_children: int = 3  # children outstanding at the pool (ready + busy) after a refill
     low_watermark: int = 1  # refill (and reap released children) when outstanding <= this
     preload: tuple[str, ...] = ()
-    root_dir: str | None = None
-    uid_base: int | None = None  # None: no uid drop (nor when not running as root)
+    root_dir: str | None = None  # weak isolation only: where per-call temp dirs go
+    uid_base: int | None = None  # None: no uid drop (a missing layer)
+    allow_weak_isolation: bool = False  # serve even when a layer cannot be applied
     max_processes: int = 16
     max_file_mb: int = 16
     max_open_files: int = 64
-    tmp_size_mb: int = 1024
+    tmp_size_mb: int = 256  # each call's private /tmp
 
     @classmethod
     def from_json(cls, text: str) -> ZygoteConfig:
@@ -68,8 +72,12 @@ class ZygoteConfig:
 class Child:
     pid: int
     uid: int | None
-    workdir: str
+    workdir: str | None  # weak isolation only (an isolated child's temp dir dies with it)
     res_w: int  # the zygote's copy: for the "died" report, closed once the child is reaped
+
+
+class IsolationRefused(RuntimeError):
+    """A layer of isolation could not be applied and weak isolation was not accepted."""
 
 
 class Zygote:
@@ -80,13 +88,15 @@ class Zygote:
         self.free_uids: deque[int] = deque()
         if cfg.uid_base is not None and self.use_uids:
             self.free_uids.extend(range(cfg.uid_base, cfg.uid_base + 2 * cfg.num_children + 8))
-        plan = isolation.python_visibility_plan() if self.use_uids else []
-        calls_dir, self.notes = isolation.enter_shared_namespaces(plan, cfg.tmp_size_mb)
-        self.shared_tmp = calls_dir is not None
-        self.root_dir = calls_dir or cfg.root_dir or tempfile.mkdtemp(prefix="sandbox-pool-")
-        for note in self.notes:
-            print(f"sandbox-pool zygote: isolation note: {note}", file=sys.stderr)
-        isolation.scrub_environment("/tmp" if self.shared_tmp else self.root_dir)
+        self.keeps: tuple[str, ...] = ()
+        self.missing = self._set_up_isolation()
+        self.isolated = isolation.is_root() and not any("namespace" in m for m in self.missing)
+        report = {"isolation": {"missing": self.missing}}
+        self.sock.send(json.dumps(report).encode())
+        if self.missing and not cfg.allow_weak_isolation:
+            raise IsolationRefused("; ".join(self.missing))
+        self.root_dir = None if self.isolated else tempfile.mkdtemp(prefix="sandbox-pool-")
+        isolation.scrub_environment("/tmp" if self.isolated else str(self.root_dir))
         self.outstanding: dict[int, Child] = {}  # handed to the pool, not released yet
         self.dying: dict[int, Child] = {}  # released (killed by the pool), not reaped yet
         self.wake_r, wake_w = os.pipe()
@@ -94,6 +104,37 @@ class Zygote:
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)  # SIGCHLD wakes the loop up to reap
         signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def _set_up_isolation(self) -> list[str]:
+        """Apply the zygote-wide layers and probe the per-child ones; return what is missing."""
+        if not isolation.is_root():
+            return ["per-call uids, PID/mount/network namespaces and a private /tmp (needs root)"]
+        missing = [] if self.use_uids else ["per-call uids (uid_base is None)"]
+        plan = isolation.python_visibility_plan() if self.use_uids else []
+        missing += isolation.enter_zygote_namespace(plan)
+        try:
+            self.keeps = isolation.tmp_keeps()
+        except ValueError as exc:
+            return [*missing, f"a private /tmp per call: {exc}"]
+        problem = self._probe_child()
+        if problem:
+            missing.append(f"per-call PID/mount/network namespaces: {problem}")
+        return missing
+
+    def _probe_child(self) -> str:
+        """Fork one isolated child that sets up its private /tmp and exits: '' if that works."""
+        try:
+            pid = isolation.fork_into_namespaces(True)
+        except OSError as exc:
+            return str(exc)
+        if pid == 0:
+            try:
+                isolation.private_tmp(self.keeps, self.cfg.tmp_size_mb)
+            except BaseException:
+                os._exit(1)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        return "" if os.waitstatus_to_exitcode(status) == 0 else "a private /tmp could not be made"
 
     def serve(self) -> None:
         isolation.become_subreaper()
@@ -123,7 +164,7 @@ class Zygote:
         while len(self.outstanding) < self.cfg.num_children and self._uid_available():
             try:
                 self._hand_out(self._fork_child())
-            except OSError:  # the pool is gone
+            except OSError:  # the pool is gone (or a fork failed: the pool restarts us)
                 return False
         return True
 
@@ -163,18 +204,29 @@ class Zygote:
 
     def _fork_child(self) -> tuple[Child, list[int]]:
         uid = self.free_uids.popleft() if self.use_uids else None
-        workdir = tempfile.mkdtemp(dir=self.root_dir, prefix="call-")
-        if uid is not None:
-            os.chown(workdir, uid, uid)
+        workdir = None
+        if not self.isolated:
+            workdir = tempfile.mkdtemp(dir=self.root_dir, prefix="call-")
+            if uid is not None:
+                os.chown(workdir, uid, uid)
+        out_fd, err_fd = os.memfd_create("stdout"), os.memfd_create("stderr")
         job_r, job_w = os.pipe()
         res_r, res_w = os.pipe()
-        pid, _namespaced = isolation.fork_into_namespaces()
+        try:
+            pid = isolation.fork_into_namespaces(self.isolated)
+        except OSError:
+            for fd in (out_fd, err_fd, job_r, job_w, res_r, res_w):
+                os.close(fd)
+            if uid is not None:
+                self.free_uids.appendleft(uid)
+            raise
         if pid == 0:
-            _child_main(self.cfg, workdir, uid, job_r, res_w)
+            _child_main(self, workdir, uid, job_r, res_w, (out_fd, err_fd))
         os.close(job_r)
         # res_w stays blocking: O_NONBLOCK would be shared with the child's copy. The zygote
         # only writes a ~20-byte "died" report to it, which never blocks.
-        return Child(pid=pid, uid=uid, workdir=workdir, res_w=res_w), [job_w, res_r]
+        child = Child(pid=pid, uid=uid, workdir=workdir, res_w=res_w)
+        return child, [job_w, res_r, out_fd, err_fd]
 
     def _reap(self) -> None:
         """Reap every exited descendant (we are their subreaper) and settle its call."""
@@ -186,7 +238,7 @@ class Zygote:
             if pid == 0:
                 return
             child = self.outstanding.get(pid)
-            if child is not None:  # died while the pool holds it: say how
+            if child is not None:  # ended while the pool holds it: say how
                 code = os.waitstatus_to_exitcode(status)
                 with contextlib.suppress(OSError):
                     os.write(child.res_w, encode_frame({"died": 128 - code if code < 0 else code}))
@@ -199,9 +251,8 @@ class Zygote:
                 self._cleanup(child)
 
     def _cleanup(self, child: Child) -> None:
-        shutil.rmtree(child.workdir, ignore_errors=True)
-        if child.uid is not None and self.shared_tmp:
-            isolation.purge_files_of(child.uid)
+        if child.workdir is not None:
+            shutil.rmtree(child.workdir, ignore_errors=True)
         if child.uid is not None:
             self.free_uids.append(child.uid)  # reusable: its PID namespace is gone
 
@@ -218,7 +269,8 @@ class Zygote:
         while self.dying and time.monotonic() < deadline:
             self._reap()
             time.sleep(0.005)
-        shutil.rmtree(self.root_dir, ignore_errors=True)
+        if self.root_dir is not None:
+            shutil.rmtree(self.root_dir, ignore_errors=True)
 
 
 def _kill(pid: int) -> None:
@@ -229,15 +281,29 @@ def _kill(pid: int) -> None:
             kill(pid, signal.SIGKILL)
 
 
-def _child_main(cfg: ZygoteConfig, workdir: str, uid: int | None, job_r: int, res_w: int) -> None:
+def _child_main(
+    zygote: Zygote,
+    workdir: str | None,
+    uid: int | None,
+    job_r: int,
+    res_w: int,
+    stdio: tuple[int, int],
+) -> None:
     """In the fresh child: isolate, drop privileges, then serve exactly one call.
 
     (Pre-faulting the call path here was measured: it makes an idle machine's call ~0.2 ms
     faster but costs more than that in CPU under load, so children do not warm up.)
     """
     signal.set_wakeup_fd(-1)
+    cfg = zygote.cfg
     try:
-        isolation.prepare(workdir, keep_fds=(job_r, res_w))
+        if workdir is None:  # isolated: a /tmp of its own, the call's dir in it
+            isolation.private_tmp(zygote.keeps, cfg.tmp_size_mb)
+            workdir = f"/tmp/call-{os.urandom(4).hex()}"
+            os.mkdir(workdir, 0o700)
+            if uid is not None:
+                os.chown(workdir, uid, uid)
+        isolation.prepare(workdir, *stdio, keep_fds=(job_r, res_w))
         static = isolation.StaticLimits(
             max_processes=cfg.max_processes,
             max_file_mb=cfg.max_file_mb,
@@ -248,20 +314,23 @@ def _child_main(cfg: ZygoteConfig, workdir: str, uid: int | None, job_r: int, re
         _write_all(res_w, encode_frame({"ready": True}))
     except BaseException:
         os._exit(1)
-    _runner_main(job_r, res_w, base_vm_bytes)  # never returns
+    _runner_main(job_r, res_w, workdir, base_vm_bytes)  # never returns
 
 
-def _runner_main(job_r: int, res_w: int, base_vm_bytes: int) -> None:
+def _runner_main(job_r: int, res_w: int, workdir: str, base_vm_bytes: int) -> None:
     code = 0
     try:
         call = _read_frame(job_r)
         os.close(job_r)
-        isolation.limit_call(float(call["timeout_s"]), int(call["memory_mb"]), base_vm_bytes)
-        start = time.perf_counter()
-        result = runner.run_code(call["code"], call.get("stdin", ""), int(call["max_output_chars"]))
-        result["duration_s"] = time.perf_counter() - start
-        _append_fd_output(result, int(call["max_output_chars"]))
-        _write_all(res_w, encode_frame(result))
+        memory_mb = int(call["memory_mb"])
+        if call.get("language") == "cpp":  # the compiler runs under the cap too, not below 1 GiB
+            memory_mb = max(memory_mb, 1024)
+        isolation.limit_call(float(call["timeout_s"]), memory_mb, base_vm_bytes)
+
+        def report(msg: dict[str, Any]) -> None:
+            _write_all(res_w, encode_frame(msg))
+
+        runner.run_call(call, workdir, base_vm_bytes, report)
         while True:  # parked: the pool SIGKILLs the group at idle priority (cheap teardown)
             signal.pause()
     except BaseException as exc:
@@ -271,22 +340,6 @@ def _runner_main(job_r: int, res_w: int, base_vm_bytes: int) -> None:
             _write_all(res_w, encode_frame({"status": "internal_error", "stderr": message}))
     finally:
         os._exit(code)
-
-
-def _append_fd_output(result: dict[str, Any], cap: int) -> None:
-    """Output written straight to fd 1/2 (C code, subprocesses) lands in a file: add it."""
-    room = max(cap - len(result["stdout"]), 0)
-    try:
-        if os.fstat(1).st_size == 0:
-            return
-        with open(".fd_output", "rb") as fh:
-            extra = fh.read(room + 1).decode("utf-8", "replace")
-    except OSError:
-        return
-    if len(extra) > room:
-        result["status"] = "output_limit"
-        extra = extra[:room]
-    result["stdout"] += extra
 
 
 def _read_frame(fd: int) -> Any:
@@ -331,7 +384,10 @@ def main() -> None:
     with contextlib.suppress(OSError):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     gc.freeze()  # children never scan (and so never copy) what the zygote allocated
-    zygote = Zygote(cfg, sock)
+    try:
+        zygote = Zygote(cfg, sock)
+    except IsolationRefused:  # the pool has the report and says why, once
+        sys.exit(3)
     try:
         zygote.serve()
     finally:
@@ -339,8 +395,9 @@ def main() -> None:
 
 
 def recv_child(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
-    """Pool side: receive one child's message and descriptors; None at EOF."""
-    msg, fds, _flags, _addr = socket.recv_fds(sock, 4096, 2)
+    """Pool side: receive one message (a child's, with its descriptors, or the isolation
+    report, without); None at EOF."""
+    msg, fds, _flags, _addr = socket.recv_fds(sock, 4096, 4)
     if not msg:
         for fd in fds:
             os.close(fd)

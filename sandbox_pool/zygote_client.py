@@ -1,8 +1,11 @@
 """The pool's handle on one zygote process: start, stop, and a queue of ready children.
 
-A child arrives from the zygote as ``{pid, uid}`` plus two descriptors; it joins the ready queue
+A child arrives from the zygote as ``{pid, uid}`` plus four descriptors; it joins the ready queue
 once it writes ``{"ready": true}``. :meth:`ZygoteHandle.release` SIGKILLs a used child's process
-group and tells the zygote, which reaps it and, in batches, forks replacements.
+group and tells the zygote, which reaps it and, in batches, forks replacements. The zygote's
+first message is its isolation report: a zygote that refuses to serve (a layer missing, weak
+isolation not accepted) makes :meth:`ZygoteHandle.ensure_started` raise
+:class:`IsolationUnavailable` with the reason.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ from sandbox_pool.protocol import FrameReader, ProtocolError
 from sandbox_pool.zygote import ZygoteConfig, recv_child
 
 _SAFE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV")
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class IsolationUnavailable(RuntimeError):
+    """The sandbox cannot apply every isolation layer here; the message names what is missing."""
 
 
 @dataclass
@@ -27,6 +35,11 @@ class ChildHandle:
     pid: int
     job_w: int
     res_r: int
+    out_fd: int  # the call's stdout (a memfd, read with pread after the call)
+    err_fd: int
+
+    def fds(self) -> tuple[int, int, int, int]:
+        return (self.job_w, self.res_r, self.out_fd, self.err_fd)
 
 
 class ZygoteHandle:
@@ -36,6 +49,8 @@ class ZygoteHandle:
         self._proc: asyncio.subprocess.Process | None = None
         self._sock: socket.socket | None = None
         self._lock = asyncio.Lock()
+        self._report: asyncio.Future[list[str]] | None = None
+        self.missing_isolation: list[str] = []
 
     @property
     def alive(self) -> bool:
@@ -48,19 +63,31 @@ class ZygoteHandle:
                 return
             self.stop()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            loop = asyncio.get_running_loop()
+            self._report = loop.create_future()
+            # -P: the server's working directory never lands on the children's import path.
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable,
+                "-P",
                 "-m",
                 "sandbox_pool.zygote",
                 json.dumps(asdict(self.config)),
                 str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
                 env=_scrubbed_env(),
+                cwd="/",
             )
             theirs.close()
             ours.setblocking(False)
             self._sock = ours
-            asyncio.get_running_loop().add_reader(ours.fileno(), self._on_child, ours)
+            loop.add_reader(ours.fileno(), self._on_child, ours)
+            missing = await self._report
+            self.missing_isolation = missing
+            if missing and not self.config.allow_weak_isolation:
+                self.stop()
+                raise IsolationUnavailable(
+                    "sandbox isolation unavailable: missing " + "; ".join(missing)
+                )
 
     async def take(self, timeout_s: float) -> ChildHandle:
         """A ready child (waits for one up to ``timeout_s``; TimeoutError past it)."""
@@ -71,7 +98,7 @@ class ZygoteHandle:
         """Kill the call's process group (its teardown at idle priority); the zygote reaps it."""
         set_scheduling(child.pid, os.SCHED_IDLE)
         signal_group(child.pid, signal.SIGKILL)
-        for fd in (child.job_w, child.res_r):
+        for fd in child.fds():
             with contextlib.suppress(OSError):
                 os.close(fd)
         if self._sock is not None:
@@ -89,7 +116,7 @@ class ZygoteHandle:
             self._sock = None
         while not self.ready.empty():
             child = self.ready.get_nowait()
-            for fd in (child.job_w, child.res_r):
+            for fd in child.fds():
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
@@ -115,10 +142,18 @@ class ZygoteHandle:
             if self._sock is sock:
                 self._sock.close()
                 self._sock = None
+            if self._report is not None and not self._report.done():
+                self._report.set_result(["the sandbox zygote exited before it could start"])
             return
         msg, fds = got
+        if "isolation" in msg:
+            if self._report is not None and not self._report.done():
+                self._report.set_result(list(msg["isolation"].get("missing", [])))
+            return
         os.set_blocking(fds[1], False)
-        child = ChildHandle(pid=int(msg["pid"]), job_w=fds[0], res_r=fds[1])
+        child = ChildHandle(
+            pid=int(msg["pid"]), job_w=fds[0], res_r=fds[1], out_fd=fds[2], err_fd=fds[3]
+        )
         loop.add_reader(child.res_r, self._on_child_ready, child)
 
     def _on_child_ready(self, child: ChildHandle) -> None:
@@ -144,5 +179,8 @@ def set_scheduling(pid: int, policy: int) -> None:
 
 
 def _scrubbed_env() -> dict[str, str]:
-    """The zygote (and so every child) never sees the server's secrets."""
-    return {k: os.environ[k] for k in _SAFE_ENV_KEYS if k in os.environ}
+    """The zygote (and so every child) never sees the server's secrets. This package's parent
+    leads PYTHONPATH, since ``-P`` leaves the working directory off the path."""
+    env = {k: os.environ[k] for k in _SAFE_ENV_KEYS if k in os.environ}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
+    return env

@@ -166,6 +166,7 @@ async def test_writes_stay_in_the_temp_dir_and_vanish(pool, tmp_path):
         "import os\n"
         "open('here.txt', 'w').write('x')\n"
         f"open('{host_marker}', 'w').write('x')\n"
+        "open('/dev/shm/shm-marker', 'w').write('x')\n"
         "ok = []\n"
         f"for p in ('/etc/rstar2-test', '/work/rstar2-test', '{tmp_path}/x'):\n"
         "    try:\n"
@@ -179,12 +180,62 @@ async def test_writes_stay_in_the_temp_dir_and_vanish(pool, tmp_path):
     cwd = r.stdout.split()[0]
     assert "'here.txt'" in r.stdout and r.stdout.rstrip().endswith("[]")
     assert not host_marker.exists()  # /tmp inside is a private tmpfs
-    # ...and gone for later calls (the clean-up after a call is asynchronous: poll briefly)
-    probe = f"import os\nprint(os.path.exists('{host_marker}'), os.path.exists('{cwd}'))"
-    deadline = time.monotonic() + 3
-    while (r2 := await pool.run(probe)).stdout != "False False\n" and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert r2.stdout == "False False\n"
+    # the next call has a /tmp of its own: nothing of the last one is there
+    probe = (
+        f"import os\nprint(os.path.exists('{host_marker}'), os.path.exists('{cwd}'), "
+        "os.path.exists('/dev/shm/shm-marker'))"
+    )
+    assert (await pool.run(probe)).stdout == "False False False\n"
+
+
+@needs_root
+async def test_two_concurrent_calls_cannot_reach_each_other(pool):
+    """A binds an abstract Unix socket, writes /tmp and /dev/shm files and a SysV shared memory
+    segment, then stays alive; B, running at the same moment, tries every one of them and
+    looks for A's processes. The time stamps prove that B tried while A held them."""
+    owner = (
+        "import ctypes, os, socket, time\n"
+        "s = socket.socket(socket.AF_UNIX); s.bind('\\0rstar2-a'); s.listen()\n"
+        "open('/tmp/a-file', 'w').write('secret'); open('/dev/shm/a-shm', 'w').write('s')\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('shm', libc.shmget(0x5A5A, 4096, 0o1666) >= 0)\n"
+        "print('ready', time.time(), flush=True)\n"
+        "time.sleep(1.5)\n"
+        "print('end', time.time())\n"
+    )
+    prober = (
+        "import ctypes, os, socket, time\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "me = os.getuid(); seen = set(); t0 = time.time()\n"
+        "while time.time() - t0 < 1.2:\n"
+        "    c = socket.socket(socket.AF_UNIX)\n"
+        "    try:\n"
+        "        c.connect('\\0rstar2-a'); seen.add('socket')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "    c.close()\n"
+        "    for f in ('/tmp/a-file', '/dev/shm/a-shm'):\n"
+        "        if os.path.exists(f): seen.add(f)\n"
+        "    if libc.shmget(0x5A5A, 0, 0) >= 0: seen.add('sysv-shm')\n"
+        "    for pid in os.listdir('/proc'):\n"
+        "        if pid.isdigit():\n"
+        "            try:\n"
+        "                if os.stat(f'/proc/{pid}').st_uid != me: seen.add('process')\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "    print('try', time.time())\n"
+        "    time.sleep(0.05)\n"
+        "print('seen', sorted(seen))\n"
+    )
+    a_task = asyncio.create_task(pool.run(owner, timeout_s=3))
+    b = await pool.run(prober, timeout_s=3)
+    a = await a_task
+    assert a.status == "ok" and "shm True" in a.stdout, a
+    ready = float(a.stdout.split("ready ")[1].split()[0])
+    end = float(a.stdout.split("end ")[1].split()[0])
+    tries = [float(line.split()[1]) for line in b.stdout.splitlines() if line.startswith("try")]
+    assert any(ready <= t <= end for t in tries), (a.stdout, b.stdout)
+    assert b.stdout.rstrip().endswith("seen []"), b.stdout
 
 
 @needs_root

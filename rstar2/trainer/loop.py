@@ -605,8 +605,10 @@ async def _open_sandbox(cfg: Config) -> tuple[Any, Any]:
         return client, client.close
     from sandbox_pool.pool import PoolConfig, SandboxPool
     from sandbox_pool.protocol import Limits
+    from sandbox_pool.zygote_client import IsolationUnavailable
 
     config = PoolConfig(
+        allow_weak_isolation=s.unsafe_weak_isolation,
         num_workers=s.num_workers,
         limits=Limits(
             timeout_s=s.max_execution_time_s,
@@ -614,14 +616,18 @@ async def _open_sandbox(cfg: Config) -> tuple[Any, Any]:
             max_output_chars=s.max_output_chars,
         ),
     )
-    if cfg.cluster.ray:  # run_train started or joined the cluster
-        from rstar2.rollout.ray_sandbox import RaySandbox
-        from rstar2.trainer.ray_resources import sandbox_demand
+    try:
+        if cfg.cluster.ray:  # run_train started or joined the cluster
+            from rstar2.rollout.ray_sandbox import RaySandbox
+            from rstar2.trainer.ray_resources import sandbox_demand
 
-        remote = await RaySandbox.create(config, num_cpus=sandbox_demand(cfg).cpus)
-        return remote, remote.close
-    pool = SandboxPool(config)
-    await pool.start()
+            remote = await RaySandbox.create(config, num_cpus=sandbox_demand(cfg).cpus)
+            return remote, remote.close
+        pool = SandboxPool(config)
+        await pool.start()
+    except IsolationUnavailable as exc:
+        hint = "set it to true to run tool code with weaker isolation"
+        raise ConfigError("sandbox.unsafe_weak_isolation", f"{exc}; {hint}") from None
     return pool, pool.close
 
 

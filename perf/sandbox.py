@@ -1,18 +1,22 @@
 """Sandbox benchmark: the embedded pool, the HTTP server, and a fresh-python3-per-call baseline.
 
-Workloads: ``print(1+1)``, a small sympy solve, a 0.2 s CPU loop; concurrency 1, 8 and 64. The
+Workloads: ``print(1+1)``, a small sympy solve (raw, and inside a wrapper shaped like the public
+rStar2 client's: the code base64-encoded, decoded and exec'd), a 0.2 s CPU loop; concurrency
+1, 8 and 64. The
 baseline runs each call as ``python3 -c CODE`` in a new process (what the public rStar2 port's
 code-judge does), in this same run, so ratios compare like with like on this machine. Prints a
 table, then one JSON line: per (system, workload, concurrency) p50_ms, p99_ms, throughput_per_s,
 failures, and ours/baseline throughput ratios.
 
-    python -m perf.sandbox [--calls N] [--systems embedded,http,baseline] [--quick]
+    python -m perf.sandbox [--calls N] [--systems embedded,http,baseline]
+                           [--workloads print,sympy,...] [--concurrency 1,8,64]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import sys
@@ -25,13 +29,30 @@ from aiohttp import web
 from sandbox_pool import ClientConfig, ExecResult, PoolConfig, SandboxClient, SandboxPool
 from sandbox_pool.server import SandboxServer, ServerConfig
 
+
+def rstar2_shaped(code: str) -> str:
+    """``code`` the way the public rStar2 client ships it: base64 inside a small runner."""
+    b64 = base64.b64encode(code.encode()).decode()
+    return (
+        "import base64, os, sys\n"
+        f'code = base64.b64decode("{b64}".encode()).decode()\n'
+        "try:\n"
+        "    exec(compile(code, '<string>', 'exec'), {'__name__': '__main__'})\n"
+        "except Exception as e:\n"
+        "    print(f'{type(e).__name__}: {e}', file=sys.stderr)\n"
+        "    os._exit(1)\n"
+    )
+
+
+SYMPY = "import sympy as sp\nx = sp.symbols('x')\nprint(sp.solve(x**2 - 5*x + 6, x))"
 WORKLOADS = {
     "print": "print(1+1)",
-    "sympy": "import sympy as sp\nx = sp.symbols('x')\nprint(sp.solve(x**2 - 5*x + 6, x))",
+    "sympy": SYMPY,
+    "sympy_wrapped": rstar2_shaped(SYMPY),
     "cpu_0.2s": "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2:\n"
     "    pass\nprint('done')",
 }
-EXPECTED = {"print": "2\n", "sympy": "[2, 3]\n", "cpu_0.2s": "done\n"}
+EXPECTED = {"print": "2\n", "sympy": "[2, 3]\n", "sympy_wrapped": "[2, 3]\n", "cpu_0.2s": "done\n"}
 CONCURRENCY = (1, 8, 64)
 Runner = Callable[[str], Awaitable[ExecResult]]
 
@@ -92,7 +113,7 @@ async def _baseline(code: str) -> ExecResult:
 def _calls_for(workload: str, conc: int, base: int) -> int:
     if workload == "cpu_0.2s":
         return max(conc, base // 10)
-    if workload == "sympy":
+    if workload.startswith("sympy"):
         return max(conc, base // 4)
     return max(conc * 2, base)
 
@@ -103,10 +124,13 @@ async def _bench(
     base_calls: int,
     rows: dict[str, Any],
     settle: Callable[[], Awaitable[None]] | None = None,
+    workloads: list[str] | None = None,
+    concurrency: tuple[int, ...] = CONCURRENCY,
 ) -> None:
-    for workload, code in WORKLOADS.items():
+    for workload in workloads or list(WORKLOADS):
+        code = WORKLOADS[workload]
         await run(code)  # warm
-        for conc in CONCURRENCY:
+        for conc in concurrency:
             if settle is not None:
                 await settle()  # every cell starts from a full stock of ready children
             n = _calls_for(workload, conc, base_calls)
@@ -115,7 +139,7 @@ async def _bench(
             stats = await _measure(run, code, EXPECTED[workload], n, conc)
             rows[f"{system}/{workload}/c{conc}"] = stats
             print(
-                f"{system:<9} {workload:<9} c={conc:<3} p50 {stats['p50_ms']:>8.2f} ms  "
+                f"{system:<9} {workload:<13} c={conc:<3} p50 {stats['p50_ms']:>8.2f} ms  "
                 f"p99 {stats['p99_ms']:>8.2f} ms  {stats['throughput_per_s']:>7.1f}/s  "
                 f"failures {stats['failures']}",
                 flush=True,
@@ -124,12 +148,18 @@ async def _bench(
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     systems = args.systems.split(",")
+    unknown = set(args.workloads) - set(WORKLOADS)
+    if unknown:
+        raise SystemExit(
+            f"perf.sandbox: unknown workload(s) {sorted(unknown)}; known: {list(WORKLOADS)}"
+        )
+    bench = {"workloads": args.workloads, "concurrency": args.concurrency}
     rows: dict[str, Any] = {}
     cfg = PoolConfig(num_workers=0)
     async with SandboxPool(cfg) as pool:
         await pool.wait_warm()
         if "embedded" in systems:
-            await _bench("embedded", pool.run, args.calls, rows, pool.wait_warm)
+            await _bench("embedded", pool.run, args.calls, rows, pool.wait_warm, **bench)
         if "http" in systems:
             server = SandboxServer(pool, ServerConfig(max_pending=4096))
             runner = web.AppRunner(server.build_app(), access_log=None)
@@ -138,10 +168,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             await site.start()
             port = runner.addresses[0][1]
             async with SandboxClient(f"http://127.0.0.1:{port}", ClientConfig()) as client:
-                await _bench("http", client.run, args.calls, rows, pool.wait_warm)
+                await _bench("http", client.run, args.calls, rows, pool.wait_warm, **bench)
             await runner.cleanup()
     if "baseline" in systems:
-        await _bench("baseline", _baseline, args.calls, rows)
+        await _bench("baseline", _baseline, args.calls, rows, **bench)
 
     ratios = {}
     for key, row in rows.items():
@@ -160,6 +190,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=400, help="calls per print cell")
     parser.add_argument("--systems", default="embedded,http,baseline")
+    parser.add_argument("--workloads", type=lambda v: v.split(","), default=list(WORKLOADS))
+    parser.add_argument(
+        "--concurrency", type=lambda v: tuple(int(c) for c in v.split(",")), default=CONCURRENCY
+    )
     args = parser.parse_args(argv)
     return asyncio.run(main_async(args))
 

@@ -51,55 +51,83 @@ MEMORY_EXIT = "memory"
 Report = Callable[[dict[str, Any]], None]
 
 
-def run_call(call: dict[str, Any], workdir: str, base_vm_bytes: int, report: Report) -> None:
-    """Run one call in this (sandbox child) process, then ``report`` its end; never raises.
+class Runner:
+    """One sandbox child's runtime, set up before its call arrives (off the latency path):
+    the standard streams over fds 0-2, a fresh ``__main__``, ``sys.argv`` and ``sys.path[0]``
+    for ``main.py`` in ``workdir``, and the ``os._exit`` hook."""
 
-    ``report`` receives ``{status, exit_code, duration_s}``; a C++ call first reports
-    ``{"started": true}`` once compiled (the pool's run deadline starts there).
-    """
-    start = time.perf_counter()
-    _install_stdin(call.get("stdin") or "")
-    _install_streams()
-    if call.get("language") == "cpp":
-        status, code = _run_cpp(call, workdir, report)
-    else:
-        status, code = _run_python(call, workdir, base_vm_bytes, start, report)
-    _reap_all()
-    report({"status": status, "exit_code": code, "duration_s": time.perf_counter() - start})
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+        self.path = os.path.join(workdir, SCRIPT_NAME)
+        self.report: Report | None = None
+        self.start = 0.0
+        streams, self.module = _PREBUILT or (_make_streams(), types.ModuleType("__main__"))
+        sys.stdin, sys.stdout, sys.stderr = streams
+        sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams  # type: ignore[misc]
+        self.module.__dict__.update(
+            {"__file__": self.path, "__builtins__": builtins, "__cached__": None}
+        )
+        sys.modules["__main__"] = self.module
+        sys.argv = [self.path]
+        sys.path[0:0] = [workdir]
+        self._hook_os_exit()
+
+    def run(self, call: dict[str, Any], report: Report) -> None:
+        """Run one call in this process, then ``report`` its end; never raises.
+
+        ``report`` receives ``{status, exit_code, duration_s}``; a C++ call first reports
+        ``{"started": true}`` once compiled (the pool's run deadline starts there).
+        """
+        self.report, self.start = report, time.perf_counter()
+        if call.get("stdin"):
+            _install_stdin(call["stdin"])  # else fd 0 stays /dev/null: an empty stdin
+        if call.get("language") == "cpp":
+            status, code = _run_cpp(call, self.workdir, report)
+        else:
+            status, code = self._run_python(call)
+        _reap_all()
+        report(
+            {"status": status, "exit_code": code, "duration_s": time.perf_counter() - self.start}
+        )
+
+    def _run_python(self, call: dict[str, Any]) -> tuple[str, int]:
+        source: str = call["code"]
+        _write_file(self.path, source)
+        cell = call.get("mode", "cell") == "cell"
+        status, code = "ok", 0
+        try:
+            _execute(source, self.path, self.module.__dict__, print_last=cell)
+        except SystemExit as exc:
+            code = _exit_code(exc)
+        except MemoryError:
+            status, code = MEMORY_EXIT, 1
+            _write_stderr("MemoryError: the snippet exceeded its memory limit\n")
+        except BaseException as exc:
+            code = 1
+            if cell:
+                _write_stderr(format_cell_error(exc, source, self.path))
+            else:
+                _write_stderr(_script_traceback(exc))
+        code = _finalize(code)
+        if status == "ok" and code != 0:
+            status = "error"
+        return status, code
+
+    def _hook_os_exit(self) -> None:
+        real_exit = os._exit
+
+        def _exit(code: int) -> None:
+            if self.report is not None:
+                status = "ok" if code == 0 else "error"
+                elapsed = time.perf_counter() - self.start
+                with contextlib.suppress(BaseException):
+                    self.report({"status": status, "exit_code": code, "duration_s": elapsed})
+            real_exit(code)
+
+        os._exit = _exit  # type: ignore[assignment]
 
 
 # ---- Python ----
-
-
-def _run_python(
-    call: dict[str, Any], workdir: str, base_vm_bytes: int, start: float, report: Report
-) -> tuple[str, int]:
-    source: str = call["code"]
-    path = os.path.join(workdir, SCRIPT_NAME)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(source)
-    module = types.ModuleType("__main__")
-    module.__dict__.update({"__file__": path, "__builtins__": builtins, "__cached__": None})
-    sys.modules["__main__"] = module
-    sys.argv = [path]
-    sys.path[0:0] = [workdir]
-    _hook_os_exit(start, report)
-    cell = call.get("mode", "cell") == "cell"
-    status, code = "ok", 0
-    try:
-        _execute(source, path, module.__dict__, print_last=cell)
-    except SystemExit as exc:
-        code = _exit_code(exc)
-    except MemoryError:
-        status, code = MEMORY_EXIT, 1
-        _write_stderr("MemoryError: the snippet exceeded its memory limit\n")
-    except BaseException as exc:
-        code = 1
-        _write_stderr(format_cell_error(exc, source, path) if cell else _script_traceback(exc))
-    code = _finalize(code)
-    if status == "ok" and code != 0:
-        status = "error"
-    return status, code
 
 
 def _execute(source: str, path: str, namespace: dict[str, Any], *, print_last: bool) -> None:
@@ -119,7 +147,8 @@ def _execute(source: str, path: str, namespace: dict[str, Any], *, print_last: b
 def _finalize(code: int) -> int:
     """What the interpreter does at exit: join non-daemon threads, run atexit handlers, flush."""
     try:
-        threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own exit step
+        if threading.active_count() > 1:
+            threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own exit step
         atexit._run_exitfuncs()
     except SystemExit as exc:
         code = _exit_code(exc)
@@ -173,8 +202,7 @@ def _exit_code(exc: SystemExit) -> int:
 def _run_cpp(call: dict[str, Any], workdir: str, report: Report) -> tuple[str, int]:
     source = os.path.join(workdir, CPP_SOURCE)
     exe = os.path.join(workdir, CPP_EXE)
-    with open(source, "w", encoding="utf-8") as fh:
-        fh.write(call["code"])
+    _write_file(source, call["code"])
     compiler = call.get("cpp_compiler") or "g++"
     try:
         built = subprocess.run(
@@ -206,6 +234,16 @@ def _run_cpp(call: dict[str, Any], workdir: str, report: Report) -> tuple[str, i
 # ---- process plumbing ----
 
 
+def _write_file(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(text.encode("utf-8", "surrogateescape"))
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
 def _install_stdin(text: str) -> None:
     fd = os.memfd_create("stdin")
     data = text.encode("utf-8", "surrogateescape")
@@ -217,32 +255,31 @@ def _install_stdin(text: str) -> None:
     os.close(fd)
 
 
-def _install_streams() -> None:
+Streams = tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]
+_PREBUILT: tuple[Streams, types.ModuleType] | None = None
+
+
+def prebuild() -> None:
+    """In the zygote, once: the stream objects and the ``__main__`` module each child takes
+    over (its own copies, by fork), so that building them costs no child anything. They name
+    fds 0-2 by number: in a child those are the call's (:func:`isolation.prepare`)."""
+    global _PREBUILT
+    _PREBUILT = (_make_streams(), types.ModuleType("__main__"))
+
+
+def _make_streams() -> Streams:
     """``sys.stdin/stdout/stderr`` over fds 0-2, as ``python3 -u`` makes them."""
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(  # type: ignore[misc]
-        io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8"
-    )
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(  # type: ignore[misc]
+    stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
+    stdout = io.TextIOWrapper(
         io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True
     )
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(  # type: ignore[misc]
+    stderr = io.TextIOWrapper(
         io.FileIO(2, "w", closefd=False),
         encoding="utf-8",
         errors="backslashreplace",
         write_through=True,
     )
-
-
-def _hook_os_exit(start: float, report: Report) -> None:
-    real_exit = os._exit
-
-    def _exit(code: int) -> None:
-        status = "ok" if code == 0 else "error"
-        with contextlib.suppress(BaseException):
-            report({"status": status, "exit_code": code, "duration_s": time.perf_counter() - start})
-        real_exit(code)
-
-    os._exit = _exit  # type: ignore[assignment]
+    return stdin, stdout, stderr
 
 
 def _reap_all() -> None:

@@ -74,6 +74,7 @@ class Child:
     uid: int | None
     workdir: str | None  # weak isolation only (an isolated child's temp dir dies with it)
     res_w: int  # the zygote's copy: for the "died" report, closed once the child is reaped
+    netns: int | None  # its network namespace (reused once the child and its processes end)
 
 
 class IsolationRefused(RuntimeError):
@@ -89,6 +90,7 @@ class Zygote:
         if cfg.uid_base is not None and self.use_uids:
             self.free_uids.extend(range(cfg.uid_base, cfg.uid_base + 2 * cfg.num_children + 8))
         self.keeps: tuple[str, ...] = ()
+        self.free_netns: deque[int] = deque()
         self.missing = self._set_up_isolation()
         self.isolated = isolation.is_root() and not any("namespace" in m for m in self.missing)
         report = {"isolation": {"missing": self.missing}}
@@ -124,17 +126,22 @@ class Zygote:
     def _probe_child(self) -> str:
         """Fork one isolated child that sets up its private /tmp and exits: '' if that works."""
         try:
+            netns = isolation.new_network_namespace()
             pid = isolation.fork_into_namespaces(True)
         except OSError as exc:
             return str(exc)
         if pid == 0:
             try:
                 isolation.private_tmp(self.keeps, self.cfg.tmp_size_mb)
+                isolation.enter_network_namespace(netns)
             except BaseException:
                 os._exit(1)
             os._exit(0)
         _, status = os.waitpid(pid, 0)
-        return "" if os.waitstatus_to_exitcode(status) == 0 else "a private /tmp could not be made"
+        self.free_netns.append(netns)
+        if os.waitstatus_to_exitcode(status) != 0:
+            return "a private /tmp or network namespace could not be entered"
+        return ""
 
     def serve(self) -> None:
         isolation.become_subreaper()
@@ -209,6 +216,11 @@ class Zygote:
             workdir = tempfile.mkdtemp(dir=self.root_dir, prefix="call-")
             if uid is not None:
                 os.chown(workdir, uid, uid)
+        netns = None
+        if self.isolated:
+            netns = (
+                self.free_netns.popleft() if self.free_netns else isolation.new_network_namespace()
+            )
         out_fd, err_fd = os.memfd_create("stdout"), os.memfd_create("stderr")
         job_r, job_w = os.pipe()
         res_r, res_w = os.pipe()
@@ -219,13 +231,15 @@ class Zygote:
                 os.close(fd)
             if uid is not None:
                 self.free_uids.appendleft(uid)
+            if netns is not None:
+                self.free_netns.appendleft(netns)
             raise
         if pid == 0:
-            _child_main(self, workdir, uid, job_r, res_w, (out_fd, err_fd))
+            _child_main(self, workdir, uid, netns, job_r, res_w, (out_fd, err_fd))
         os.close(job_r)
         # res_w stays blocking: O_NONBLOCK would be shared with the child's copy. The zygote
         # only writes a ~20-byte "died" report to it, which never blocks.
-        child = Child(pid=pid, uid=uid, workdir=workdir, res_w=res_w)
+        child = Child(pid=pid, uid=uid, workdir=workdir, res_w=res_w, netns=netns)
         return child, [job_w, res_r, out_fd, err_fd]
 
     def _reap(self) -> None:
@@ -255,6 +269,8 @@ class Zygote:
             shutil.rmtree(child.workdir, ignore_errors=True)
         if child.uid is not None:
             self.free_uids.append(child.uid)  # reusable: its PID namespace is gone
+        if child.netns is not None:
+            self.free_netns.append(child.netns)  # so is every socket it had
 
     def shutdown(self) -> None:
         for child in list(self.outstanding.values()):
@@ -285,6 +301,7 @@ def _child_main(
     zygote: Zygote,
     workdir: str | None,
     uid: int | None,
+    netns: int | None,
     job_r: int,
     res_w: int,
     stdio: tuple[int, int],
@@ -297,8 +314,10 @@ def _child_main(
     signal.set_wakeup_fd(-1)
     cfg = zygote.cfg
     try:
-        if workdir is None:  # isolated: a /tmp of its own, the call's dir in it
+        if workdir is None:  # isolated: a /tmp and a network of its own, the call's dir in it
             isolation.private_tmp(zygote.keeps, cfg.tmp_size_mb)
+            assert netns is not None
+            isolation.enter_network_namespace(netns)
             workdir = f"/tmp/call-{os.urandom(4).hex()}"
             os.mkdir(workdir, 0o700)
             if uid is not None:
@@ -310,14 +329,15 @@ def _child_main(
             max_open_files=cfg.max_open_files,
         )
         isolation.drop_privileges(uid, static)
+        prepared = runner.Runner(workdir)
         base_vm_bytes = isolation.current_vm_bytes()
         _write_all(res_w, encode_frame({"ready": True}))
     except BaseException:
         os._exit(1)
-    _runner_main(job_r, res_w, workdir, base_vm_bytes)  # never returns
+    _runner_main(job_r, res_w, prepared, base_vm_bytes)  # never returns
 
 
-def _runner_main(job_r: int, res_w: int, workdir: str, base_vm_bytes: int) -> None:
+def _runner_main(job_r: int, res_w: int, prepared: runner.Runner, base_vm_bytes: int) -> None:
     code = 0
     try:
         call = _read_frame(job_r)
@@ -330,7 +350,7 @@ def _runner_main(job_r: int, res_w: int, workdir: str, base_vm_bytes: int) -> No
         def report(msg: dict[str, Any]) -> None:
             _write_all(res_w, encode_frame(msg))
 
-        runner.run_call(call, workdir, base_vm_bytes, report)
+        prepared.run(call, report)
         while True:  # parked: the pool SIGKILLs the group at idle priority (cheap teardown)
             signal.pause()
     except BaseException as exc:
@@ -379,6 +399,7 @@ def main() -> None:
     isolation.set_parent_death_signal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     _preload(cfg.preload)
+    runner.prebuild()
     # Forking and preparing children is background work: it yields the CPU to running calls.
     # The pool raises a child to normal priority when it hands it a call.
     with contextlib.suppress(OSError):

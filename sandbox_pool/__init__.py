@@ -1,5 +1,9 @@
 """sandbox_pool: isolated, warm, millisecond Python tool execution (embedded, HTTP, Redis).
 
+A call runs as ``python3 -u main.py`` would (real stdin/stdout/stderr descriptors, argv, exit
+codes, output kept through crashes, ``os._exit`` and timeouts; see :mod:`sandbox_pool.runner`),
+and the code-judge API is served as code-judge serves it (:mod:`sandbox_pool.codejudge`).
+
 What a call can and cannot do (service running as root on Linux, the default deployment):
 - It runs in a fresh process forked from a warm zygote, never reused, as an unprivileged uid of
   its own (no supplementary groups, no-new-privileges), in its own session and process group,
@@ -8,20 +12,27 @@ What a call can and cannot do (service running as root on Linux, the default dep
 - Limits it cannot raise (soft = hard, no privileges): CPU seconds, address space, processes,
   file size, open files; no core dumps. The wall-clock timeout is enforced from outside by
   SIGKILL of the process group.
-- Network: an empty network namespace (loopback down): every connect fails. Children running at
-  the same moment share that namespace, so in principle two calls could talk over an abstract
-  Unix socket; they cannot reach anything else.
-- Files: the host's /tmp, /var/tmp, /dev/shm and /run/lock are replaced by a private tmpfs; the
-  call's cwd is its own temp dir; everything it writes there is deleted after the call. The rest
-  of the file system is visible read-only by Unix permissions (as for any unprivileged user);
-  directories the uid could not traverse on the way to Python (e.g. /root of a pyenv install)
-  are replaced by an empty tmpfs with only the Python installation bound back.
+- Network: a network namespace of its own whose only device, loopback, is down: every connect
+  fails, and no two calls running at the same moment share one (so not an abstract Unix socket
+  either). The namespaces are reused, one call at a time, after every process of a call ended.
+- Files and IPC: /tmp and /dev/shm are a tmpfs of the call's own, gone with it; /var/tmp and
+  /run/lock are empty and read-only; its cwd is a temp dir in its /tmp; SysV IPC is its own
+  (IPC namespace). The rest of the file system is visible read-only by Unix permissions (as for
+  any unprivileged user). Directories the uid could not traverse on the way to Python (e.g.
+  /root of a pyenv install) are replaced by an empty tmpfs with only the Python directories
+  bound back; so are Python directories under /tmp (a checkout, an editable install): packages
+  the host Python can import are importable in a call, and nothing else there is visible.
 - Environment: scrubbed (PATH, HOME, LANG, thread counts only); /proc shows only its own
   processes (hidepid=2), so the server's environment and command lines are invisible.
 Not isolated: CPU time and memory bandwidth are shared (no cgroups); kernel attack surface is
-the host's (no seccomp filter). Without root (or where namespaces are unavailable) the service
-still runs, with resource limits, a scrubbed environment and its own temp dir per call, but
-without the uid, PID, mount and network separation; the zygote logs what it could not apply.
+the host's (no seccomp filter).
+
+Fails closed: where a layer cannot be applied (not root, no namespaces, Python's path on /tmp
+itself), :class:`SandboxPool` ``start()`` raises ``IsolationUnavailable`` naming it, and
+``sandbox-pool serve`` / ``worker`` refuse to start with that one line, unless weak isolation
+is accepted explicitly (``allow_weak_isolation`` / ``--unsafe-weak-isolation``): then calls run
+with limits, a scrubbed environment and a temp dir each, but may see the host's /tmp and each
+other.
 
 The names below are imported lazily, so that the zygote (``python -m sandbox_pool.zygote``)
 stays small: its memory is what every fork copies.

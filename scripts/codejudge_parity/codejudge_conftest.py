@@ -1,7 +1,6 @@
 """Our stand-in for code-judge's tests/conftest.py: the same `test_client` fixture, a client of a
 running `sandbox-pool serve` (embedded, or Redis mode with CJ_MODE=redis)."""
 
-# `sandbox-pool serve` (embedded, or Redis mode with CJ_MODE=redis).
 import os
 import socket
 import subprocess

@@ -151,9 +151,10 @@ class SandboxClient(SandboxAPI):
 
 
 def _request_json(request: ExecRequest) -> dict[str, Any]:
+    """The request's fields, defaults left out (a server without a field still understands)."""
+    defaults = ExecRequest(code="")
     body: dict[str, Any] = {"code": request.code, "stdin": request.stdin}
-    if request.timeout_s is not None:
-        body["timeout_s"] = request.timeout_s
-    if request.memory_mb is not None:
-        body["memory_mb"] = request.memory_mb
+    for name, value in request.to_json().items():
+        if name not in body and value != getattr(defaults, name):
+            body[name] = value
     return body

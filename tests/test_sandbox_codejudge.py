@@ -5,7 +5,6 @@ README's "code-judge drop-in"). One real embedded pool behind the aiohttp app.""
 from __future__ import annotations
 
 import asyncio
-import base64
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestServer
 
+from perf.sandbox import rstar2_shaped
 from sandbox_pool import Limits, PoolConfig, SandboxPool
 from sandbox_pool.codejudge import CodeJudgeSettings
 from sandbox_pool.images import image_for
@@ -52,22 +52,6 @@ async def judge(pool):
 
 def py(solution: str, **kw) -> dict:
     return {"type": "python", "solution": solution, **kw}
-
-
-def rstar2_wrapped(code: str) -> str:
-    """A cell the way the public rStar2 client sends it: the code base64-encoded inside a
-    wrapper that runs it and ends a failing cell with ``os._exit(1)`` (our own minimal copy of
-    the shape, not their template)."""
-    b64 = base64.b64encode(code.encode()).decode()
-    return (
-        "import base64, os, sys, traceback\n"
-        f'code = base64.b64decode("{b64}".encode()).decode()\n'
-        "try:\n"
-        "    exec(compile(code, '<string>', 'exec'), {'__name__': '__main__'})\n"
-        "except Exception as e:\n"
-        "    print(f'{type(e).__name__}: {e}', file=sys.stderr)\n"
-        "    os._exit(1)\n"
-    )
 
 
 async def test_run_and_judge_fields(judge):
@@ -155,9 +139,9 @@ async def test_cpp_submissions(judge):
 
 async def test_rstar2_wrapped_failures_carry_the_error_and_prior_stdout(judge):
     subs = [
-        py(rstar2_wrapped("print('step 1')\n1 / 0")),
-        py(rstar2_wrapped("print('ok')")),
-        py(rstar2_wrapped("x = (")),
+        py(rstar2_shaped("print('step 1')\n1 / 0")),
+        py(rstar2_shaped("print('ok')")),
+        py(rstar2_shaped("x = (")),
     ]
     _, body = await judge("/run/long-batch", {"type": "batch", "submissions": subs})
     div, ok, syntax = body["results"]
@@ -168,8 +152,8 @@ async def test_rstar2_wrapped_failures_carry_the_error_and_prior_stdout(judge):
 
 
 async def test_wrapped_sympy_runs_on_the_warm_image():
-    assert image_for(rstar2_wrapped("import sympy\nprint(sympy.sqrt(8))")) == "heavy"
-    assert image_for(rstar2_wrapped("print(sum(range(10)))")) == "light"
+    assert image_for(rstar2_shaped("import sympy\nprint(sympy.sqrt(8))")) == "heavy"
+    assert image_for(rstar2_shaped("print(sum(range(10)))")) == "light"
 
 
 async def test_long_batch_waits_for_room_and_batch_times_out(judge):

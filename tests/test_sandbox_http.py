@@ -126,6 +126,15 @@ async def test_client_batches_and_retries(service):
     # 40 calls against max_pending 8: batches got 429 and were retried, nothing was lost
 
 
+async def test_client_sends_every_request_field(service):
+    ts, _, _ = service
+    async with SandboxClient(url(ts, "/")) as client:
+        script = await client.execute(ExecRequest(code="print('a')\n'b'", mode="script"))
+        capped = await client.execute(ExecRequest(code="print('x' * 50)", max_output_chars=5))
+    assert script.stdout == "a\n"
+    assert (capped.status, capped.stdout) == ("output_limit", "xxxxx")
+
+
 async def test_client_reports_an_unreachable_service():
     async with SandboxClient("http://127.0.0.1:9", ClientConfig(max_retries=1)) as client:
         result = await client.run("print(1)")

@@ -103,6 +103,18 @@ async def test_python_dirs_under_tmp_are_importable_and_nothing_beside_them(
         root.rmdir()
 
 
+async def test_a_missing_layer_refuses_the_pool_unless_weak_isolation_is_accepted():
+    from sandbox_pool.zygote_client import IsolationUnavailable
+
+    with pytest.raises(IsolationUnavailable, match="per-call uids"):
+        async with SandboxPool(PoolConfig(num_workers=1, uid_base=None)):
+            pass
+    async with SandboxPool(
+        PoolConfig(num_workers=1, uid_base=None, allow_weak_isolation=True)
+    ) as p:
+        assert (await p.run("import os\nprint(os.getuid())")).stdout == "0\n"
+
+
 def test_editable_installs_are_found_through_their_finder(monkeypatch, tmp_path):
     pkg = tmp_path / "src" / "demo_pkg"
     pkg.mkdir(parents=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -61,18 +62,21 @@ async def test_memory_cap_holds(pool):
 async def test_raising_own_rlimits_does_not_help(pool):
     code = (
         "import resource\n"
-        "for lim in (resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_NPROC):\n"
+        "for lim in (resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_NPROC,\n"
+        "            resource.RLIMIT_CORE, resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE):\n"
         "    soft, hard = resource.getrlimit(lim)\n"
         "    try:\n"
         "        resource.setrlimit(lim, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
         "        print('raised', lim)\n"
         "    except (ValueError, OSError):\n"
         "        resource.setrlimit(lim, (hard, hard))\n"
+        "print('core', resource.getrlimit(resource.RLIMIT_CORE))\n"
         "x = bytearray(600 * 1024 * 1024)\n"
         "print('allocated')\n"
     )
     r = await pool.run(code)
     assert "raised" not in r.stdout and "allocated" not in r.stdout
+    assert "core (0, 0)" in r.stdout  # no core dumps, and no way back to them
     assert r.status == "memory"
     r = await pool.run(
         code.replace("x = bytearray(600 * 1024 * 1024)", "while True: pass"), timeout_s=1.0
@@ -249,12 +253,38 @@ async def test_child_cannot_signal_the_server(pool):
         f"except OSError as e:\n"
         f"    print('denied', e.errno)\n"
         f"print(os.getpid(), os.getuid())\n"
+        f"print(os.getgroups(), os.getpgrp() == os.getsid(0) == 1)\n"
+        f"print([l for l in open('/proc/self/status') if l.startswith('NoNewPrivs')])\n"
     )
     r = await pool.run(code)
     assert "sent" not in r.stdout
-    pid, uid = r.stdout.split("\n")[1].split()
+    _, ids, groups, nnp = r.stdout.split("\n")[:4]
+    pid, uid = ids.split()
     assert pid == "1" and int(uid) >= 1_500_000
+    assert groups == "[] True"  # no supplementary groups; its own session and process group
+    assert nnp == "['NoNewPrivs:\\t1\\n']"
     await _still_serves(pool)
+
+
+async def test_each_call_gets_a_fresh_process(pool):
+    await pool.run("import math\nmath.leaked = 1\nopen('left-behind', 'w').write('x')")
+    r = await pool.run("import math, os\nprint(hasattr(math, 'leaked'), os.listdir('.'))")
+    assert r.stdout == "False ['main.py']\n", r
+
+
+@needs_root
+@pytest.mark.skipif(
+    not sys.base_prefix.startswith("/root/") or os.stat("/root").st_mode & 0o001,
+    reason="Python is not under an untraversable /root here",
+)
+async def test_a_hidden_home_shows_only_the_python_install(pool):
+    """/root (mode 700) holds the pyenv Python: a call sees only the path to it, nothing else."""
+    hidden = sorted(p.name for p in Path("/root").iterdir())
+    code = "import os\nprint(sorted(os.listdir('/root')))"
+    r = await pool.run(code)
+    visible = eval(r.stdout)
+    assert visible and set(visible) < set(hidden), (visible, hidden)
+    assert all(sys.base_prefix.startswith(f"/root/{name}") for name in visible)
 
 
 async def test_concurrency_64_has_no_failures(pool):

@@ -13,7 +13,7 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from sandbox_pool import isolation, runner
-from sandbox_pool.protocol import FrameReader, encode_frame
+from sandbox_pool.protocol import FrameReader, encode_frame, write_all
 
 if TYPE_CHECKING:
     from sandbox_pool.zygote import ZygoteConfig
@@ -55,7 +55,7 @@ def child_main(
         isolation.drop_privileges(uid, static)
         prepared = runner.Runner(workdir)
         base_vm_bytes = isolation.current_vm_bytes()
-        _write_all(res_w, encode_frame({"ready": True}))
+        write_all(res_w, encode_frame({"ready": True}))
     except BaseException:
         os._exit(1)
     _runner_main(job_r, res_w, prepared, base_vm_bytes)  # never returns
@@ -72,7 +72,7 @@ def _runner_main(job_r: int, res_w: int, prepared: runner.Runner, base_vm_bytes:
         isolation.limit_call(float(call["timeout_s"]), memory_mb, base_vm_bytes)
 
         def report(msg: dict[str, Any]) -> None:
-            _write_all(res_w, encode_frame(msg))
+            write_all(res_w, encode_frame(msg))
 
         prepared.run(call, report)
         while True:  # parked: the pool SIGKILLs the group at idle priority (cheap teardown)
@@ -81,7 +81,7 @@ def _runner_main(job_r: int, res_w: int, prepared: runner.Runner, base_vm_bytes:
         code = 1
         with contextlib.suppress(BaseException):
             message = f"sandbox child failed: {type(exc).__name__}: {exc}"
-            _write_all(res_w, encode_frame({"status": "internal_error", "stderr": message}))
+            write_all(res_w, encode_frame({"status": "internal_error", "stderr": message}))
     finally:
         os._exit(code)
 
@@ -95,9 +95,3 @@ def _read_frame(fd: int) -> Any:
         frames = reader.feed(data)
         if frames:
             return frames[0]
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

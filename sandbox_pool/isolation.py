@@ -43,7 +43,6 @@ MS_NODEV = 4
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
-SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 # Covered once for all children by an empty read-only tmpfs (a call cannot write there at all);
 # /tmp and /dev/shm are each child's own.
 SEALED_TMP_DIRS = ("/var/tmp", "/run/lock")

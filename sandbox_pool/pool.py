@@ -39,6 +39,7 @@ from sandbox_pool.protocol import (
     ProtocolError,
     encode_frame,
     timeout_message,
+    write_all,
 )
 from sandbox_pool.zygote import ZygoteConfig
 from sandbox_pool.zygote_client import (
@@ -214,9 +215,9 @@ class SandboxPool(SandboxAPI):
         try:
             try:
                 if len(frame) > _PIPE_CAPACITY:  # the child drains it; keep the loop free
-                    await loop.run_in_executor(None, _write_all, child.job_w, frame)
+                    await loop.run_in_executor(None, write_all, child.job_w, frame)
                 else:
-                    _write_all(child.job_w, frame)
+                    write_all(child.job_w, frame)
             except OSError:
                 return ExecResult(status="internal_error", stderr="sandbox process vanished")
             call.arm(self.config.cpp_compile_timeout_s if cpp else limits.timeout_s)
@@ -349,9 +350,3 @@ def _append_line(text: str, line: str) -> str:
     if text and not text.endswith("\n"):
         text += "\n"
     return text + line
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

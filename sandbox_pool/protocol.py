@@ -8,6 +8,7 @@ protocol error, never an allocation.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -149,6 +150,13 @@ def _optional_number(data: dict[str, Any], key: str, kind: type) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ProtocolError(f"'{key}' must be a positive number")
     return kind(value)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` to ``fd`` (a blocking pipe, file or memfd)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def encode_frame(obj: Any) -> bytes:

@@ -42,6 +42,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from sandbox_pool.protocol import write_all
+
 SCRIPT_NAME = "main.py"
 CPP_SOURCE = "main.cpp"
 CPP_EXE = "main"
@@ -237,19 +239,14 @@ def _run_cpp(call: dict[str, Any], workdir: str, report: Report) -> tuple[str, i
 def _write_file(path: str, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(text.encode("utf-8", "surrogateescape"))
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, text.encode("utf-8", "surrogateescape"))
     finally:
         os.close(fd)
 
 
 def _install_stdin(text: str) -> None:
     fd = os.memfd_create("stdin")
-    data = text.encode("utf-8", "surrogateescape")
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+    write_all(fd, text.encode("utf-8", "surrogateescape"))
     os.lseek(fd, 0, os.SEEK_SET)
     os.dup2(fd, 0)
     os.close(fd)

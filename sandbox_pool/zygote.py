@@ -97,7 +97,9 @@ class Zygote:
         self.sock.send(json.dumps(report).encode())
         if self.missing and not cfg.allow_weak_isolation:
             raise IsolationRefused("; ".join(self.missing))
-        self.root_dir = None if self.isolated else tempfile.mkdtemp(prefix="sandbox-pool-")
+        self.root_dir = None
+        if not self.isolated:
+            self.root_dir = cfg.root_dir or tempfile.mkdtemp(prefix="sandbox-pool-")
         isolation.scrub_environment("/tmp" if self.isolated else str(self.root_dir))
         self.outstanding: dict[int, Child] = {}  # handed to the pool, not released yet
         self.dying: dict[int, Child] = {}  # released (killed by the pool), not reaped yet

@@ -228,12 +228,16 @@ class SandboxServer:
     async def _status(self, request: web.Request) -> web.Response:
         """code-judge's /status: exactly ``queue`` (calls not yet running) and ``num_workers``."""
         status = self.executor.status()
-        queued = int(status.get("queued", 0)) + sum(not r.done() for r in self._room)
+        queued = int(status.get("queued", 0)) + self._waiting()
         return web.json_response({"queue": queued, "num_workers": int(status["num_workers"])})
 
     async def _v1_status(self, request: web.Request) -> web.Response:
         status = self.executor.status()
-        return web.json_response({"pending": self.pending, "waiting": len(self._room), **status})
+        return web.json_response({"pending": self.pending, "waiting": self._waiting(), **status})
+
+    def _waiting(self) -> int:
+        """code-judge calls waiting for room (timed-out ones stay queued until a hand-off)."""
+        return sum(not room.done() for room in self._room)
 
     async def _cj_single(self, request: web.Request) -> web.Response:
         sub = cj.parse(cj.Submission, await _raw_body(request))

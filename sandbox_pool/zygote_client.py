@@ -50,7 +50,6 @@ class ZygoteHandle:
         self._sock: socket.socket | None = None
         self._lock = asyncio.Lock()
         self._report: asyncio.Future[list[str]] | None = None
-        self.missing_isolation: list[str] = []
 
     @property
     def alive(self) -> bool:
@@ -82,7 +81,6 @@ class ZygoteHandle:
             self._sock = ours
             loop.add_reader(ours.fileno(), self._on_child, ours)
             missing = await self._report
-            self.missing_isolation = missing
             if missing and not self.config.allow_weak_isolation:
                 self.stop()
                 raise IsolationUnavailable(

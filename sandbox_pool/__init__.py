@@ -15,7 +15,8 @@ What a call can and cannot do (service running as root on Linux, the default dep
 - Network: a network namespace of its own whose only device, loopback, is down: every connect
   fails, and no two calls running at the same moment share one (so not an abstract Unix socket
   either). The namespaces are reused, one call at a time, after every process of a call ended.
-- Files and IPC: /tmp and /dev/shm are a tmpfs of the call's own, gone with it; /var/tmp and
+- Files and IPC: /tmp and /dev/shm are a tmpfs no other running call sees, emptied before the
+  next call that uses it (:mod:`sandbox_pool.namespaces`); /var/tmp and
   /run/lock are empty and read-only; its cwd is a temp dir in its /tmp; SysV IPC is its own
   (IPC namespace). The rest of the file system is visible read-only by Unix permissions (as for
   any unprivileged user). Directories the uid could not traverse on the way to Python (e.g.

@@ -16,17 +16,18 @@ from sandbox_pool import isolation, runner
 from sandbox_pool.protocol import FrameReader, encode_frame, write_all
 
 if TYPE_CHECKING:
+    from sandbox_pool.namespaces import CallNamespaces
     from sandbox_pool.zygote import ZygoteConfig
 
 _READ_CHUNK = 1 << 16
+CALL_DIR = "/tmp/sandbox-call"  # an isolated call's working directory, in its own /tmp
 
 
 def child_main(
     cfg: ZygoteConfig,
-    keeps: tuple[str, ...],
     workdir: str | None,
     uid: int | None,
-    netns: int | None,
+    slot: CallNamespaces | None,
     job_r: int,
     res_w: int,
     stdio: tuple[int, int],
@@ -39,10 +40,9 @@ def child_main(
     signal.set_wakeup_fd(-1)
     try:
         if workdir is None:  # isolated: a /tmp and a network of its own, the call's dir in it
-            isolation.private_tmp(keeps, cfg.tmp_size_mb)
-            assert netns is not None
-            isolation.enter_network_namespace(netns)
-            workdir = f"/tmp/call-{os.urandom(4).hex()}"
+            assert slot is not None
+            slot.enter()
+            workdir = CALL_DIR
             os.mkdir(workdir, 0o700)
             if uid is not None:
                 os.chown(workdir, uid, uid)
@@ -53,7 +53,7 @@ def child_main(
             max_open_files=cfg.max_open_files,
         )
         isolation.drop_privileges(uid, static)
-        prepared = runner.Runner(workdir)
+        prepared = runner.runner_for(workdir)
         base_vm_bytes = isolation.current_vm_bytes()
         write_all(res_w, encode_frame({"ready": True}))
     except BaseException:

@@ -16,8 +16,10 @@ Messages from the pool: ``{"op": "release", "pid": P}`` once the pool has SIGKIL
 process group (the zygote reaps it, frees its uid, and forks a replacement), and
 ``{"op": "shutdown"}``. EOF on the socket also means shutdown.
 
-Each child is one process, PID 1 of its own PID, mount, network and IPC namespaces (so when it
-dies the kernel kills everything it started, and its private /tmp goes with it). The zygote
+Each child is one process, PID 1 of its own PID and IPC namespaces (so when it dies the kernel
+kills everything it started), in a mount namespace with a private /tmp and a network namespace
+that no other running call shares (reused, and its /tmp emptied, once the call has ended:
+:mod:`sandbox_pool.namespaces`). The zygote
 keeps a copy of each child's result pipe: if a child ends without writing a result, the zygote
 writes ``{"died": code}`` (its exit code, 128 + signal number when killed) so the pool always
 learns how the call ended.
@@ -42,9 +44,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandbox_pool import isolation, runner
-from sandbox_pool.child import child_main
+from sandbox_pool.child import CALL_DIR, child_main
+from sandbox_pool.namespaces import CallNamespaces
 from sandbox_pool.protocol import encode_frame
 
+# Under load the stock is refilled in batches (at low_watermark); once no message has come for
+# this long, it is topped up to num_children, so an idle pool always has its full stock.
+TOP_UP_AFTER_S = 0.05
 BLAS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
@@ -74,7 +80,7 @@ class Child:
     uid: int | None
     workdir: str | None  # weak isolation only (an isolated child's temp dir dies with it)
     res_w: int  # the zygote's copy: for the "died" report, closed once the child is reaped
-    netns: int | None  # its network namespace (reused once the child and its processes end)
+    slot: CallNamespaces | None  # its namespaces (reset and reused once the child is reaped)
 
 
 class IsolationRefused(RuntimeError):
@@ -90,7 +96,7 @@ class Zygote:
         if cfg.uid_base is not None and self.use_uids:
             self.free_uids.extend(range(cfg.uid_base, cfg.uid_base + 2 * cfg.num_children + 8))
         self.keeps: tuple[str, ...] = ()
-        self.free_netns: deque[int] = deque()
+        self.free_slots: deque[CallNamespaces] = deque()
         self.missing = self._set_up_isolation()
         self.isolated = isolation.is_root() and not any("namespace" in m for m in self.missing)
         report = {"isolation": {"missing": self.missing}}
@@ -126,21 +132,25 @@ class Zygote:
         return missing
 
     def _probe_child(self) -> str:
-        """Fork one isolated child that sets up its private /tmp and exits: '' if that works."""
+        """Make one slot of namespaces and fork one isolated child that enters it and exits:
+        '' if that works."""
         try:
-            netns = isolation.new_network_namespace()
+            slot = CallNamespaces.create(self.keeps, self.cfg.tmp_size_mb)
+        except OSError as exc:
+            return f"a private /tmp and network: {exc}"
+        try:
             pid = isolation.fork_into_namespaces(True)
         except OSError as exc:
+            slot.close()
             return str(exc)
         if pid == 0:
             try:
-                isolation.private_tmp(self.keeps, self.cfg.tmp_size_mb)
-                isolation.enter_network_namespace(netns)
+                slot.enter()
             except BaseException:
                 os._exit(1)
             os._exit(0)
         _, status = os.waitpid(pid, 0)
-        self.free_netns.append(netns)
+        self.free_slots.append(slot)
         if os.waitstatus_to_exitcode(status) != 0:
             return "a private /tmp or network namespace could not be entered"
         return ""
@@ -150,11 +160,15 @@ class Zygote:
         sel = selectors.DefaultSelector()
         sel.register(self.sock, selectors.EVENT_READ)
         sel.register(self.wake_r, selectors.EVENT_READ)
+        idle = False
         while True:
             low = len(self.outstanding) <= self.cfg.low_watermark
-            if low and not self._refill():
+            if (low or idle) and not self._refill():
                 return
-            for key, _ in sel.select():
+            under = len(self.outstanding) < self.cfg.num_children
+            events = sel.select(TOP_UP_AFTER_S if under else None)
+            idle = not events  # quiet for a moment: top the stock up (uids permitting)
+            for key, _ in events:
                 if key.fileobj is self.sock and not self._on_message():
                     return
                 if key.fileobj == self.wake_r:
@@ -218,11 +232,9 @@ class Zygote:
             workdir = tempfile.mkdtemp(dir=self.root_dir, prefix="call-")
             if uid is not None:
                 os.chown(workdir, uid, uid)
-        netns = None
+        slot = None
         if self.isolated:
-            netns = (
-                self.free_netns.popleft() if self.free_netns else isolation.new_network_namespace()
-            )
+            slot = self._take_slot()
         out_fd, err_fd = os.memfd_create("stdout"), os.memfd_create("stderr")
         job_r, job_w = os.pipe()
         res_r, res_w = os.pipe()
@@ -233,16 +245,21 @@ class Zygote:
                 os.close(fd)
             if uid is not None:
                 self.free_uids.appendleft(uid)
-            if netns is not None:
-                self.free_netns.appendleft(netns)
+            if slot is not None:
+                self.free_slots.appendleft(slot)
             raise
         if pid == 0:
-            child_main(self.cfg, self.keeps, workdir, uid, netns, job_r, res_w, (out_fd, err_fd))
+            child_main(self.cfg, workdir, uid, slot, job_r, res_w, (out_fd, err_fd))
         os.close(job_r)
         # res_w stays blocking: O_NONBLOCK would be shared with the child's copy. The zygote
         # only writes a ~20-byte "died" report to it, which never blocks.
-        child = Child(pid=pid, uid=uid, workdir=workdir, res_w=res_w, netns=netns)
+        child = Child(pid=pid, uid=uid, workdir=workdir, res_w=res_w, slot=slot)
         return child, [job_w, res_r, out_fd, err_fd]
+
+    def _take_slot(self) -> CallNamespaces:
+        if self.free_slots:
+            return self.free_slots.popleft()
+        return CallNamespaces.create(self.keeps, self.cfg.tmp_size_mb)
 
     def _reap(self) -> None:
         """Reap every exited descendant (we are their subreaper) and settle its call."""
@@ -271,8 +288,11 @@ class Zygote:
             shutil.rmtree(child.workdir, ignore_errors=True)
         if child.uid is not None:
             self.free_uids.append(child.uid)  # reusable: its PID namespace is gone
-        if child.netns is not None:
-            self.free_netns.append(child.netns)  # so is every socket it had
+        if child.slot is not None:  # every process of the call has ended
+            if child.slot.reset():
+                self.free_slots.append(child.slot)
+            else:
+                child.slot.close()
 
     def shutdown(self) -> None:
         for child in list(self.outstanding.values()):
@@ -319,16 +339,16 @@ def main() -> None:
     isolation.set_parent_death_signal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     _preload(cfg.preload)
-    runner.prebuild()
     # Forking and preparing children is background work: it yields the CPU to running calls.
     # The pool raises a child to normal priority when it hands it a call.
     with contextlib.suppress(OSError):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    gc.freeze()  # children never scan (and so never copy) what the zygote allocated
     try:
         zygote = Zygote(cfg, sock)
     except IsolationRefused:  # the pool has the report and says why, once
         sys.exit(3)
+    runner.prebuild(CALL_DIR if zygote.isolated else None)
+    gc.freeze()  # children never scan (and so never copy) what the zygote allocated
     try:
         zygote.serve()
     finally:

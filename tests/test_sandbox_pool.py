@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -187,10 +188,41 @@ async def test_writes_stay_in_the_temp_dir_and_vanish(pool, tmp_path):
     assert not host_marker.exists()  # /tmp inside is a private tmpfs
     # the next call has a /tmp of its own: nothing of the last one is there
     probe = (
-        f"import os\nprint(os.path.exists('{host_marker}'), os.path.exists('{cwd}'), "
+        f"import os\nprint(os.path.exists('{host_marker}'), os.listdir('{cwd}'), "
         "os.path.exists('/dev/shm/shm-marker'))"
     )
-    assert (await pool.run(probe)).stdout == "False False False\n"
+    assert (await pool.run(probe)).stdout == "False ['main.py'] False\n"
+
+
+@needs_root
+async def test_a_reused_tmp_holds_nothing_of_the_calls_before(pool):
+    """Calls reuse each other's namespaces one at a time (more calls than slots: the same
+    tmpfs device comes back), and each finds nothing in /tmp or /dev/shm that a call wrote."""
+    code = (
+        "import json, os\n"
+        "seen = os.listdir('/tmp') + os.listdir('/dev/shm')\n"
+        "os.makedirs('/tmp/a/b/c'); open('/tmp/a/b/c/f', 'w').write('x')\n"
+        "open('/dev/shm/m', 'w').write('x'); os.symlink('/etc/passwd', '/tmp/link')\n"
+        "for i in range(50):\n"
+        "    open(f'/tmp/f{i}', 'w').write('x')\n"
+        "print(json.dumps([os.stat('/tmp').st_dev, seen]))\n"
+    )
+    written = {"a", "m", "link", *(f"f{i}" for i in range(50))}
+
+    async def run_and_check() -> int:
+        r = await pool.run(code)
+        assert r.status == "ok", r
+        dev, seen = json.loads(r.stdout)
+        assert "sandbox-call" in seen and not written & set(seen), seen
+        return int(dev)
+
+    devices = [await run_and_check() for _ in range(12)]
+    assert len(set(devices)) < len(devices)  # a namespace was reused
+    # a /tmp with more entries than a reset walks is dropped, not reused
+    many = "for i in range(5000):\n    open(f'/tmp/g{i}', 'w').close()\nprint('ok')"
+    assert (await pool.run(many)).stdout == "ok\n"
+    for _ in range(6):
+        await run_and_check()
 
 
 @needs_root
@@ -312,3 +344,17 @@ async def test_graceful_close_finishes_in_flight_calls():
     await asyncio.sleep(0.05)
     await p.close()
     assert (await task).stdout == "done\n"
+
+
+async def test_the_stock_of_ready_children_refills_after_a_burst():
+    """A refill that ran short of uids (each held by a child still dying) completes once they
+    are reaped: the pool gets back to its full stock, not to whatever the last batch made."""
+    async with SandboxPool(PoolConfig(num_workers=16)) as pool:
+        for _ in range(3):
+            results = await asyncio.gather(*(pool.run("print(1)") for _ in range(200)))
+            assert all(r.stdout == "1\n" for r in results)
+            full = {name: z.config.num_children for name, z in pool._zygotes.items()}
+            deadline = time.monotonic() + 60  # generous: children are reaped at idle priority
+            while pool.status()["ready"] != full and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert pool.status()["ready"] == full

@@ -79,7 +79,7 @@ class CallNamespaces:
         instead (more than ``max_entries`` entries, or an entry that could not be removed)."""
         try:
             _wipe(self.tmp_fd, self.tmp_dev, [max_entries])
-        except (OSError, _TooMany):
+        except Exception:  # _TooMany, OSError, RecursionError (a tree deeper than the stack)
             return False
         return True
 

@@ -216,13 +216,18 @@ async def test_a_reused_tmp_holds_nothing_of_the_calls_before(pool):
         assert "sandbox-call" in seen and not written & set(seen), seen
         return int(dev)
 
+    zygote = pool._zygotes["light"]._proc  # resets happen in it: it must never die of one
     devices = [await run_and_check() for _ in range(12)]
     assert len(set(devices)) < len(devices)  # a namespace was reused
     # a /tmp with more entries than a reset walks is dropped, not reused
     many = "for i in range(5000):\n    open(f'/tmp/g{i}', 'w').close()\nprint('ok')"
     assert (await pool.run(many)).stdout == "ok\n"
+    deep = "import os\nos.chdir('/tmp')\nfor i in range(3000):\n    os.mkdir('d')\n"
+    deep += "    os.chdir('d')\nprint('ok')"
+    assert (await pool.run(deep)).stdout == "ok\n"
     for _ in range(6):
         await run_and_check()
+    assert pool._zygotes["light"]._proc is zygote and zygote.returncode is None
 
 
 @needs_root

@@ -61,7 +61,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 wall = time.perf_counter() - start
     finally:
-        engine.shutdown()
+        await engine.aclose()
 
     sampled = sum(sum(t.loss_mask) for t in trajs)
     tool_s = sum(t.time_tool_s for t in trajs)

@@ -12,10 +12,13 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from rstar2.agent.loop import AgentSettings, Sandbox, run_trajectory
+from rstar2.agent.loop import AgentSettings, run_trajectory
 from rstar2.agent.template import PromptFormat
-from rstar2.config import ConfigError
-from rstar2.rollout.engine import Engine
+from rstar2.config import SandboxConfig
+from rstar2.rollout.openai_engine import OpenAIServerConfig
+from rstar2.rollout.vllm_engine import VLLMEngineConfig
+from rstar2.runtime import Runtime
+from rstar2.runtime.placement import LocalPlacement
 
 _COLORS = {"assistant": "", "tool_call": "\033[36m", "tool_result": "\033[33m"}
 _LABELS = {"assistant": "assistant", "tool_call": "tool call", "tool_result": "tool result"}
@@ -56,15 +59,18 @@ async def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         max_response_tokens=args.max_tokens,
         temperature=args.temperature,
     )
-    engine, closer = await open_engine(args, tokenizer_path, args.max_model_len)
-    sandbox, sandbox_close = await open_sandbox(args)
     color = out.isatty()
 
     def show(event: str, text: str) -> None:
         start, end = (_COLORS[event], "\033[0m") if color and _COLORS[event] else ("", "")
         print(f"{start}[{_LABELS[event]}]\n{text}{end}", file=out, flush=True)
 
-    try:
+    async with (
+        Runtime(LocalPlacement()) as runtime,
+        runtime.engines(engine_spec(args, tokenizer_path, args.max_model_len)) as (engines, _),
+        runtime.sandbox(sandbox_section(args), SANDBOX_REFUSAL) as sandbox,
+    ):
+        engine = engines[0]
         history: list[int] = []
         questions = [args.prompt] if args.prompt else _interactive()
         for question in questions:
@@ -80,9 +86,6 @@ async def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                 file=out,
                 flush=True,
             )
-    finally:
-        await sandbox_close()
-        await closer()
     return 0
 
 
@@ -96,28 +99,16 @@ def _interactive() -> Any:
             yield line
 
 
-async def open_engine(
+def engine_spec(
     args: argparse.Namespace, tokenizer_path: str, max_model_len: int
-) -> tuple[Engine, Any]:
-    """The engine ``--model`` / ``--server`` name, and an async close function."""
+) -> VLLMEngineConfig | OpenAIServerConfig:
+    """The engine ``--model`` / ``--server`` name (``rstar2 chat`` and ``rstar2 eval``)."""
     if args.server:
-        from rstar2.rollout.openai_engine import OpenAIServerEngine
-
-        server = OpenAIServerEngine(args.server, args.served_model_name or tokenizer_path)
-        return server, server.close
-    from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
-
+        return OpenAIServerConfig(args.server, args.served_model_name or tokenizer_path)
     limit = model_context_tokens(args.model)
     if limit is not None and max_model_len > limit:
         max_model_len = limit  # answers longer than the model's context stop for length
-    local = await VLLMEngine.create(
-        VLLMEngineConfig(model_path=args.model, max_model_len=max_model_len, dtype=args.dtype)
-    )
-
-    async def close() -> None:
-        local.shutdown()
-
-    return local, close
+    return VLLMEngineConfig(model_path=args.model, max_model_len=max_model_len, dtype=args.dtype)
 
 
 def model_context_tokens(model_dir: str) -> int | None:
@@ -133,20 +124,14 @@ def model_context_tokens(model_dir: str) -> int | None:
     return int(value) if isinstance(value, int | float) and value > 0 else None
 
 
-async def open_sandbox(args: argparse.Namespace) -> tuple[Sandbox, Any]:
-    """The sandbox ``--sandbox-url`` names (else an embedded pool), and an async close."""
+SANDBOX_REFUSAL = (
+    "--sandbox-url",
+    "point --sandbox-url at a sandbox-pool server (serve --unsafe-weak-isolation)",
+)
+
+
+def sandbox_section(args: argparse.Namespace) -> SandboxConfig:
+    """The sandbox ``--sandbox-url`` names, else an embedded pool of two workers."""
     if args.sandbox_url:
-        from sandbox_pool.client import SandboxClient
-
-        client = SandboxClient(args.sandbox_url)
-        return client, client.close
-    from sandbox_pool.pool import PoolConfig, SandboxPool
-    from sandbox_pool.zygote_client import IsolationUnavailable
-
-    pool = SandboxPool(PoolConfig(num_workers=2))
-    try:
-        await pool.start()
-    except IsolationUnavailable as exc:
-        hint = "point --sandbox-url at a sandbox-pool server (serve --unsafe-weak-isolation)"
-        raise ConfigError("--sandbox-url", f"{exc}; {hint}") from None
-    return pool, pool.close
+        return SandboxConfig(mode="http", url=args.sandbox_url)
+    return SandboxConfig(num_workers=2)

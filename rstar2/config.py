@@ -104,7 +104,7 @@ class RolloutConfig(_Section):
         0.8, gt=0.0, le=1.0, description="Fraction of accelerator memory vLLM may use."
     )
     kv_cache_space_gb: float = Field(
-        1.0, gt=0.0, description="KV-cache size per engine on CPU (VLLM_CPU_KVCACHE_SPACE)."
+        1.0, gt=0.0, description="KV-cache size per engine on CPU (vLLM kv_cache_memory_bytes)."
     )
     enforce_eager: bool = Field(
         False, description="Disable CUDA graphs / torch.compile in the engines (CPU: true)."

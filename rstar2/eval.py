@@ -255,39 +255,39 @@ async def _evaluate_with_services(
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from rstar2.chat import open_engine, open_sandbox
-    from rstar2.reward.scorer import RewardScorer
-    from rstar2.rollout.dispatch import Dispatcher, run_scheduled
-    from scheduler.core import SchedulerSettings
+    from rstar2.chat import SANDBOX_REFUSAL, engine_spec, sandbox_section
+    from rstar2.config import RewardConfig, SchedulerConfig
+    from rstar2.runtime import Runtime, ServicesSpec
+    from rstar2.runtime.placement import LocalPlacement
 
     template = PromptFormat.load(tokenizer_path).template(
         AutoTokenizer.from_pretrained(tokenizer_path)
     )
     max_model_len = args.max_model_len or settings.max_tokens + 4096
-    engine, close_engine = await open_engine(args, tokenizer_path, max_model_len)
-    sandbox, close_sandbox = await open_sandbox(args)
-    block = int(getattr(engine, "block_size", 16))
-    try:
-        with (
-            RewardScorer() as scorer,
-            tqdm(
-                total=len(rows) * settings.n, desc="eval", unit="answer", disable=args.quiet
-            ) as bar,
-        ):
-            async with Dispatcher([engine], SchedulerSettings(block_size_tokens=block)) as d:
+    spec = ServicesSpec(
+        engine=engine_spec(args, tokenizer_path, max_model_len),
+        sandbox=sandbox_section(args),
+        reward=RewardConfig(),
+        scheduler=SchedulerConfig(),
+        sandbox_refusal=SANDBOX_REFUSAL,
+    )
+    async with (
+        Runtime(LocalPlacement()) as runtime,
+        runtime.services(spec) as services,
+    ):
+        with tqdm(
+            total=len(rows) * settings.n, desc="eval", unit="answer", disable=args.quiet
+        ) as bar:
 
-                async def run(prompt: list[int], agent: AgentSettings) -> Trajectory:
-                    return await run_scheduled(d, sandbox, template, prompt, agent)
+            async def run(prompt: list[int], agent: AgentSettings) -> Trajectory:
+                return await services.run(template, prompt, agent)
 
-                return await evaluate(
-                    dataset=dataset,
-                    rows=rows,
-                    run=run,
-                    scorer=scorer,
-                    template=template,
-                    settings=settings,
-                    progress=bar,
-                )
-    finally:
-        await close_sandbox()
-        await close_engine()
+            return await evaluate(
+                dataset=dataset,
+                rows=rows,
+                run=run,
+                scorer=services.scorer,
+                template=template,
+                settings=settings,
+                progress=bar,
+            )

@@ -36,7 +36,7 @@ async def engine(model_dir):
 
     eng = await VLLMEngine.create(engine_config(model_dir, blocks=512))
     yield eng
-    eng.shutdown()
+    await eng.aclose()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -160,10 +160,14 @@ async def test_weight_update_changes_and_restores_outputs(engine, model_dir, tem
     before = (await engine.generate(prompt, greedy)).token_ids
     checksum = await engine.weight_checksum()
     scrambled = {k: (v.flip(0) if k == "lm_head.weight" else v) for k, v in original.items()}
+    await engine.begin_weight_update()
     await engine.update_weights(scrambled.items())
+    await engine.finish_weight_update()
     assert (await engine.generate(prompt, greedy)).token_ids != before
     assert await engine.weight_checksum() != checksum
+    await engine.begin_weight_update()
     await engine.update_weights(original.items())
+    await engine.finish_weight_update()
     assert (await engine.generate(prompt, greedy)).token_ids == before
     assert await engine.weight_checksum() == checksum
 
@@ -293,4 +297,4 @@ async def test_server_engine_matches_the_in_process_engine(vllm_server, engine, 
         stats = await server.refresh_kv_stats()
         assert stats.capacity_tokens == 256 * engine.block_size and stats.num_running == 0
     finally:
-        await server.close()
+        await server.aclose()

@@ -39,7 +39,7 @@ async def engines(tool_model_dir: Path):
     pair = [await VLLMEngine.create(config), await VLLMEngine.create(config)]
     yield pair
     for eng in pair:
-        eng.shutdown()
+        await eng.aclose()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -34,7 +34,7 @@ async def engine(tool_model_dir: Path):
 
     eng = await VLLMEngine.create(engine_config(tool_model_dir, blocks=128))
     yield eng
-    eng.shutdown()
+    await eng.aclose()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

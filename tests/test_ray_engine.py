@@ -39,7 +39,7 @@ async def ray_engine(tool_model_dir: Path):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     engine = await RayEngine.create(config)
     yield engine
-    await engine.shutdown()
+    await engine.aclose()
     ray.shutdown()
 
 

@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 
 from rstar2.agent.template import ChatTemplate
 from rstar2.agent.tools import ParseError, ToolCall, format_result, parse_tool_calls, truncate
-from rstar2.rollout.engine import Engine, SamplingSettings
+from rstar2.rollout.engine import Generator, SamplingSettings
 from sandbox_pool.protocol import ExecRequest, ExecResult
 
 TrajectoryFinish = Literal["stop", "max_turns", "length", "engine_error"]
@@ -78,7 +78,7 @@ Observer = Callable[[str, str], None]  # (event, text): "assistant", "tool_call"
 
 
 async def run_trajectory(
-    engine: Engine,
+    engine: Generator,
     sandbox: Sandbox,
     template: ChatTemplate,
     prompt_ids: Sequence[int],

@@ -33,6 +33,9 @@ class TrainSequence:
 
 
 class Learner(Protocol):
+    """What the trainer, SFT and weight sync use of a learner backend (torch here; a Ray
+    learner group and megatron implement the same)."""
+
     @property
     def step(self) -> int:
         """Optimizer steps taken so far."""
@@ -61,9 +64,20 @@ class Learner(Protocol):
         buckets hold tensors, other ranks get empty lists."""
         ...
 
+    def reset_optimizer(self) -> None:
+        """Fresh optimizer moments and LR schedule (a stage's ``reset_optimizer``); weights and
+        step count stay."""
+        ...
+
     def save(self, path: str | Path) -> None:
         """Model, optimizer, LR schedule, RNG states and step, so :meth:`load` then the next
         step equals the uninterrupted run's."""
         ...
 
-    def load(self, path: str | Path) -> None: ...
+    def load(self, path: str | Path) -> None:
+        """Restore what :meth:`save` wrote (the learner's own RNG state, nobody else's)."""
+        ...
+
+    def close(self) -> None:
+        """Release devices, processes and actors (idempotent; save first)."""
+        ...

@@ -49,6 +49,9 @@ class LearnerActor:
     def train_step(self, batch: list[TrainSequence]) -> dict[str, float]:
         return self._learner.train_step(batch)
 
+    def sft_step(self, batch: list[TrainSequence]) -> dict[str, float]:
+        return self._learner.sft_step(batch)
+
     def save(self, path: str) -> None:
         self._learner.save(path)
 
@@ -115,6 +118,11 @@ class RayLearner:
         self._step = int(metrics["step"])  # the learner reports its step after the update
         return metrics
 
+    def sft_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
+        metrics: dict[str, float] = self._call("sft_step", list(batch))
+        self._step = int(metrics.get("step", self._step + 1))
+        return metrics
+
     def save(self, path: str | Path) -> None:
         self._call("save", str(path))
 
@@ -132,7 +140,9 @@ class RayLearner:
             yield ray.get(ref)
 
     def close(self) -> None:
-        """Stop the actor (its state is gone; save first)."""
+        """Stop the actor (its state is gone; save first). Idempotent."""
         import ray
 
-        ray.kill(self._actor)
+        if self._actor is not None:
+            ray.kill(self._actor)
+            self._actor = None

@@ -7,14 +7,14 @@ several ranks run it (``torchrun``; gloo on CPU, NCCL/RCCL on GPU).
 - The loss is :func:`rstar2.algo.loss.policy_loss`, aggregated exactly as over the whole batch
   (across micro-batches and ranks), whatever the micro-batch split.
 - Parameters and optimizer state are fp32; on GPU the forward runs under bf16 autocast.
-- Checkpoints use torch.distributed.checkpoint (sharded under FSDP2) plus each rank's RNG
-  states, LR schedule and step: load then train equals the uninterrupted run bit for bit on CPU.
+- Checkpoints use torch.distributed.checkpoint (sharded under FSDP2) plus each rank's LR
+  schedule and step: load then train equals the uninterrupted run bit for bit on CPU. A step
+  draws no random numbers (no dropout), so the learner neither reads nor resets anyone's RNG.
 """
 
 from __future__ import annotations
 
 import contextlib
-import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,13 +89,14 @@ class TorchLearner:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.device = _pick_device(settings.device, self.rank)
         self.bf16_autocast = settings.bf16_autocast  # may be switched off, e.g. for parity runs
-        torch.manual_seed(settings.seed)
         if model is None:
-            model = AutoModelForCausalLM.from_pretrained(
-                settings.model_path,
-                dtype=torch.float32,
-                attn_implementation=_attention(settings.attn_implementation, self.device),
-            )
+            with torch.random.fork_rng(devices=[]):  # any weight it initialises: seeded, and
+                torch.manual_seed(settings.seed)  # the caller's global RNG left as it was
+                model = AutoModelForCausalLM.from_pretrained(
+                    settings.model_path,
+                    dtype=torch.float32,
+                    attn_implementation=_attention(settings.attn_implementation, self.device),
+                )
         model.config.use_cache = False
         if settings.activation_checkpointing:
             model.gradient_checkpointing_enable(
@@ -293,9 +294,6 @@ class TorchLearner:
         extra = {
             "step": self._step,
             "scheduler": self.scheduler.state_dict(),
-            "rng_torch": torch.get_rng_state(),
-            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "rng_python": random.getstate(),
             "world": self.world,
         }
         torch.save(extra, folder / f"extra-rank{self.rank}.pt")
@@ -318,10 +316,11 @@ class TorchLearner:
         )
         self.scheduler.load_state_dict(extra["scheduler"])
         self._step = int(extra["step"])
-        torch.set_rng_state(extra["rng_torch"])
-        if extra["rng_cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(extra["rng_cuda"])
-        random.setstate(extra["rng_python"])
+
+    def close(self) -> None:
+        """Drop the model and optimizer (idempotent); a process group stays its owner's."""
+        for name in ("model", "optimizer", "scheduler"):
+            self.__dict__.pop(name, None)
 
     # ---- collectives (no-ops on one rank) ----
 

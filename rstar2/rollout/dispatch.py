@@ -43,7 +43,10 @@ class Dispatcher:
         settings: SchedulerSettings,
         *,
         stats_interval_s: float = 0.05,
+        tasks: asyncio.TaskGroup | None = None,
     ) -> None:
+        """``tasks``: the task group that owns the stats poller (the runtime's, so a poller
+        that fails fails the run); None: a task of the running loop, awaited by close()."""
         if not engines:
             raise ValueError("at least one engine is needed")
         self.engines = list(engines)
@@ -54,6 +57,7 @@ class Dispatcher:
         self._placed: dict[str, Assignment] = {}  # placed before its generate() asked
         self._ids = itertools.count()
         self._poller: asyncio.Task[None] | None = None
+        self._tasks = tasks
         self._closed = False
 
     async def __aenter__(self) -> Dispatcher:
@@ -68,7 +72,10 @@ class Dispatcher:
         if self._closed:
             raise DispatcherClosed("the dispatcher is closed")
         if self._poller is None:
-            self._poller = asyncio.get_running_loop().create_task(self._poll_stats())
+            spawn = (
+                self._tasks.create_task if self._tasks else asyncio.get_running_loop().create_task
+            )
+            self._poller = spawn(self._poll_stats())
 
     async def close(self) -> None:
         self._closed = True

@@ -1,8 +1,9 @@
 """The Engine protocol the agent loop and the scheduler talk to (token ids in, token ids out).
 
 Implementations: :class:`rstar2.rollout.vllm_engine.VLLMEngine` (in-process ``AsyncLLM``, usable
-inside a Ray actor) and :class:`rstar2.rollout.openai_engine.OpenAIServerEngine` (a running
-``vllm serve``). Nothing here imports vLLM.
+inside a Ray actor), :class:`rstar2.rollout.ray_engine.RayEngine` (one in a Ray actor) and
+:class:`rstar2.rollout.openai_engine.OpenAIServerEngine` (a running ``vllm serve``). Nothing
+here imports vLLM.
 """
 
 from __future__ import annotations
@@ -42,13 +43,38 @@ class KVStats:
     num_preemptions: int = 0
 
 
-class Engine(Protocol):
+class Generator(Protocol):
+    """What the agent loop uses: one call (an engine, or one trajectory's scheduled engine)."""
+
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingSettings) -> Generation:
         """Continue ``prompt_ids``; ``logprobs[i]`` is the sampling log-prob of ``token_ids[i]``."""
         ...
 
+
+class Engine(Generator, Protocol):
+    """A rollout engine: generation, live KV stats, a weight sink, and one async close."""
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block (the scheduler accounts KV in whole blocks)."""
+        ...
+
     def kv_stats(self) -> KVStats: ...
 
+    async def begin_weight_update(self) -> None:
+        """A weight update starts: the buckets of one version follow, then
+        :meth:`finish_weight_update`."""
+        ...
+
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Load new weights (HF names); in-flight requests finish on the old ones first."""
+        """Load one bucket of new weights (HF names); in-flight requests finish on the old ones
+        first."""
+        ...
+
+    async def finish_weight_update(self) -> None:
+        """Every bucket is in: drop what the old weights computed (the prefix cache)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop the engine and release what it holds (idempotent)."""
         ...

@@ -15,6 +15,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -24,6 +25,14 @@ from rstar2.rollout.engine import FinishReason, Generation, KVStats, SamplingSet
 _METRIC = re.compile(r"^(vllm:[a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", re.MULTILINE)
 
 
+@dataclass(frozen=True)
+class OpenAIServerConfig:
+    """A running server: its base URL and the served model's name."""
+
+    url: str
+    model: str
+
+
 class OpenAIServerEngine:
     def __init__(self, url: str, model: str, *, timeout_s: float = 600.0) -> None:
         self.url = url.rstrip("/")
@@ -31,10 +40,16 @@ class OpenAIServerEngine:
         self._session: aiohttp.ClientSession | None = None
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._kv = KVStats(0, 0, 0, 0)
+        self._block_size = 16  # vLLM's default, until /metrics says (refresh_kv_stats)
 
-    async def close(self) -> None:
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+            self._session = None
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -80,6 +95,8 @@ class OpenAIServerEngine:
         blocks = _label(labels.get("vllm:cache_config_info", ""), "num_gpu_blocks")
         block_size = _label(labels.get("vllm:cache_config_info", ""), "block_size")
         capacity = int(float(blocks or 0) * float(block_size or 0))
+        if block_size:
+            self._block_size = int(float(block_size))
         self._kv = KVStats(
             capacity_tokens=capacity,
             used_tokens=round(values.get("vllm:kv_cache_usage_perc", 0.0) * capacity),
@@ -92,8 +109,11 @@ class OpenAIServerEngine:
     def kv_stats(self) -> KVStats:
         return self._kv
 
+    async def begin_weight_update(self) -> None:
+        """Nothing to prepare: each bucket is loaded as it comes."""
+
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Stage the tensors in a file the server can read (same node) and load them."""
+        """Stage one bucket in a file the server can read (same node) and load it."""
         from safetensors.torch import save_file
 
         tensors = {name: t.detach().contiguous().cpu() for name, t in named_tensors}
@@ -103,6 +123,9 @@ class OpenAIServerEngine:
             rpc = {"method": "load_weights_file", "args": [staged.name]}
             async with self._http().post(f"{self.url}/collective_rpc", json=rpc) as resp:
                 resp.raise_for_status()
+
+    async def finish_weight_update(self) -> None:
+        """Drop the server's prefix cache: its KV was computed by the old weights."""
         async with self._http().post(f"{self.url}/reset_prefix_cache") as resp:
             resp.raise_for_status()
 

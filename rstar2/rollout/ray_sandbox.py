@@ -48,7 +48,11 @@ class RaySandbox:
         # the actor serves many calls at once: its pool bounds them, not Ray's default of 1000
         remote: Any = ray.remote(num_cpus=num_cpus)(SandboxActor)
         actor = remote.options(max_concurrency=4096).remote()
-        workers = await actor.start.remote(config)
+        try:
+            workers = await actor.start.remote(config)
+        except BaseException:
+            ray.kill(actor)
+            raise
         return cls(actor, int(workers))
 
     async def execute(self, request: ExecRequest) -> ExecResult:
@@ -56,4 +60,13 @@ class RaySandbox:
         return result
 
     async def close(self) -> None:
-        await self._actor.close.remote()
+        """Close the pool, then stop the actor (idempotent)."""
+        import ray
+
+        if self._actor is None:
+            return
+        try:
+            await self._actor.close.remote()
+        finally:
+            ray.kill(self._actor)
+            self._actor = None

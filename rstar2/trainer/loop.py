@@ -30,6 +30,8 @@ from rstar2.agent.loop import AgentSettings, Trajectory
 from rstar2.agent.template import ChatTemplate
 from rstar2.config import Config, ConfigError, StageConfig
 from rstar2.data.schema import DataError
+from rstar2.learner.protocol import Learner
+from rstar2.runtime import Runtime, Services, ServicesSpec, placement_for
 from rstar2.trainer import state as st
 from rstar2.trainer.batch import Rollout, rollout_metrics, select
 from rstar2.trainer.curves import plot_curves
@@ -47,32 +49,21 @@ class Problems:
     truths: list[str]
 
 
-@dataclass
-class Services:
-    """Engines behind one dispatcher, the sandbox and the reward scorer."""
-
-    engines: list[Any]
-    dispatcher: Any
-    sandbox: Any
-    scorer: Any
-
-    async def run(self, template: ChatTemplate, prompt: list[int], agent: AgentSettings) -> Any:
-        from rstar2.rollout.dispatch import run_scheduled
-
-        return await run_scheduled(self.dispatcher, self.sandbox, template, prompt, agent)
-
-
 class Trainer:
-    """One run (see the module docstring); build with :meth:`prepare`, then ``await run()``."""
+    """One run (see the module docstring); build with :meth:`prepare`, then ``await run()``.
+    Every component comes from ``runtime`` and is closed with it."""
 
-    def __init__(self, cfg: Config, run_dir: Path, *, quiet: bool = False) -> None:
+    def __init__(
+        self, cfg: Config, run_dir: Path, runtime: Runtime, *, quiet: bool = False
+    ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
+        self.runtime = runtime
         self.quiet = quiet
         self.save_rollouts_dir: Path | None = None
         self.replay_rollouts_dir: Path | None = None
         self.services: Services | None = None
-        self.learner: Any = None
+        self._learner: Learner | None = None
         self.template: ChatTemplate | None = None
         self.policy_path = cfg.model.path
         self.state = st.TrainerState()
@@ -83,8 +74,6 @@ class Trainer:
     def prepare(self, *, resume: bool) -> None:
         """Model, SFT, data and learner; with ``resume``, the newest checkpoint's state."""
         from transformers import AutoTokenizer
-
-        from rstar2.learner.torch_backend import TorchLearner
 
         _check_supported(self.cfg)
         self.policy_path = self._initial_policy()
@@ -97,16 +86,10 @@ class Trainer:
             spec: self._load_problems([spec], "data.eval_datasets")
             for spec in self.cfg.data.eval_datasets
         }
-        settings = _learner_settings(self.cfg, self.policy_path)
-        if self.cfg.cluster.ray:
-            from rstar2.learner.ray_learner import RayLearner
-            from rstar2.trainer.ray_resources import learner_demand
-
-            demand = learner_demand(self.cfg)
-            self.learner = RayLearner.create(settings, num_cpus=demand.cpus, num_gpus=demand.gpus)
-            self._say(f"learner: in a Ray actor on {self.learner.device}")
-        else:
-            self.learner = TorchLearner(settings)
+        self._learner = self.runtime.open_learner(_learner_settings(self.cfg, self.policy_path))
+        where = self.runtime.placement.describe_learner(self._learner)
+        if where:
+            self._say(f"learner: {where}")
         self.rng = st.rng_from_json([], self.cfg.seed)
         if resume:
             self._restore()
@@ -200,6 +183,11 @@ class Trainer:
         _truncate_metrics(self.run_dir, self.state.step)
         self._say(f"resume: from {latest.name} (step {self.state.step})")
 
+    @property
+    def learner(self) -> Learner:
+        assert self._learner is not None, "prepare() first"
+        return self._learner
+
     @contextlib.asynccontextmanager
     async def open_services(self) -> AsyncIterator[None]:
         """Engines (loaded with the learner's current weights), sandbox and scorer."""
@@ -207,34 +195,15 @@ class Trainer:
             yield
             return
         from rstar2.learner.sync import sync_weights
-        from rstar2.reward.scorer import RewardScorer
-        from rstar2.rollout.dispatch import Dispatcher
-        from scheduler.core import SchedulerSettings
 
-        cfg = self.cfg
-        engines, close_engines = await _open_engines(cfg, self.policy_path)
-        sandbox, close_sandbox = await _open_sandbox(cfg)
-        try:
-            with RewardScorer(
-                timeout_s=cfg.reward.timeout_s,
-                num_workers=cfg.reward.num_workers,
-                cache_size=cfg.reward.cache_size,
-            ) as scorer:
-                block = int(getattr(engines[0], "block_size", 16))
-                settings = SchedulerSettings(
-                    policy=cfg.scheduler.policy,
-                    block_size_tokens=block,
-                    split_turns=cfg.scheduler.split_turns,
-                )
-                async with Dispatcher(engines, settings) as dispatcher:
-                    self.services = Services(engines, dispatcher, sandbox, scorer)
-                    if self.learner.step > 0:  # resumed: engines start from the checkpoint
-                        await sync_weights(self.learner, engines, _bucket_bytes(cfg))
-                    yield
-        finally:
-            self.services = None
-            await close_sandbox()
-            await close_engines()
+        async with self.runtime.services(services_spec(self.cfg, self.policy_path)) as services:
+            self.services = services
+            try:
+                if self.learner.step > 0:  # resumed: engines start from the checkpoint
+                    await sync_weights(self.learner, services.engines, _bucket_bytes(self.cfg))
+                yield
+            finally:
+                self.services = None
 
     # ---- the loop ----
 
@@ -375,8 +344,7 @@ class Trainer:
         agent = replace(agent, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
 
         async def run(prompt: list[int], settings: AgentSettings) -> Trajectory:
-            result: Trajectory = await services.run(template, prompt, settings)
-            return result
+            return await services.run(template, prompt, settings)
 
         with tqdm(
             total=len(problems) * n, desc=desc, unit="traj", leave=False, disable=self.quiet
@@ -419,8 +387,7 @@ class Trainer:
 
             async def run(prompt: list[int], settings: AgentSettings) -> Trajectory:
                 merged = replace(agent, temperature=settings.temperature, seed=settings.seed)
-                result: Trajectory = await services.run(template, prompt, merged)
-                return result
+                return await services.run(template, prompt, merged)
 
             with tqdm(
                 total=len(problems.rows) * settings.n,
@@ -557,11 +524,13 @@ def _bucket_bytes(cfg: Config) -> int:
     return cfg.learner.weight_sync_bucket_mb * 2**20
 
 
-async def _open_engines(cfg: Config, model_path: str) -> tuple[list[Any], Any]:
-    from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+def services_spec(cfg: Config, model_path: str) -> ServicesSpec:
+    """The rollout side of ``cfg``: its engines (loading ``model_path``), sandbox, reward and
+    scheduler sections."""
+    from rstar2.rollout.vllm_engine import VLLMEngineConfig
 
     r = cfg.rollout
-    econf = VLLMEngineConfig(
+    engine = VLLMEngineConfig(
         model_path=model_path,
         dtype=cfg.model.dtype,
         max_model_len=_max_model_len(cfg),
@@ -572,63 +541,13 @@ async def _open_engines(cfg: Config, model_path: str) -> tuple[list[Any], Any]:
         kv_cache_space_gb=r.kv_cache_space_gb,
         enable_prefix_caching=r.enable_prefix_caching,
     )
-    if cfg.cluster.ray:  # run_train started or joined the cluster
-        from rstar2.rollout.ray_engine import RayEngine
-        from rstar2.trainer.ray_resources import engine_demand
-
-        d = engine_demand(cfg)
-        remote = [
-            await RayEngine.create(econf, num_cpus=d.cpus, num_gpus=d.gpus) for _ in range(d.count)
-        ]
-
-        async def close_remote() -> None:
-            for e in remote:
-                await e.shutdown()
-
-        return list(remote), close_remote
-    local = [await VLLMEngine.create(econf) for _ in range(r.num_engines)]
-
-    async def close_local() -> None:
-        for e in local:
-            e.shutdown()
-
-    return list(local), close_local
-
-
-async def _open_sandbox(cfg: Config) -> tuple[Any, Any]:
-    s = cfg.sandbox
-    if s.mode == "http":
-        from sandbox_pool.client import SandboxClient
-
-        assert s.url is not None
-        client = SandboxClient(s.url)
-        return client, client.close
-    from sandbox_pool.pool import PoolConfig, SandboxPool
-    from sandbox_pool.protocol import Limits
-    from sandbox_pool.zygote_client import IsolationUnavailable
-
-    config = PoolConfig(
-        allow_weak_isolation=s.unsafe_weak_isolation,
-        num_workers=s.num_workers,
-        limits=Limits(
-            timeout_s=s.max_execution_time_s,
-            memory_mb=s.max_memory_mb,
-            max_output_chars=s.max_output_chars,
-        ),
+    return ServicesSpec(
+        engine=engine,
+        num_engines=r.num_engines,
+        sandbox=cfg.sandbox,
+        reward=cfg.reward,
+        scheduler=cfg.scheduler,
     )
-    try:
-        if cfg.cluster.ray:  # run_train started or joined the cluster
-            from rstar2.rollout.ray_sandbox import RaySandbox
-            from rstar2.trainer.ray_resources import sandbox_demand
-
-            remote = await RaySandbox.create(config, num_cpus=sandbox_demand(cfg).cpus)
-            return remote, remote.close
-        pool = SandboxPool(config)
-        await pool.start()
-    except IsolationUnavailable as exc:
-        hint = "set it to true to run tool code with weaker isolation"
-        raise ConfigError("sandbox.unsafe_weak_isolation", f"{exc}; {hint}") from None
-    return pool, pool.close
 
 
 def _summary_line(r: dict[str, Any], stage: StageConfig, total: int) -> str:
@@ -676,31 +595,13 @@ async def run_train(
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Prepare and run one training run (the ``rstar2 train`` command's body)."""
-    trainer = Trainer(cfg, run_dir, quiet=quiet)
-    trainer.save_rollouts_dir = save_rollouts_dir
-    trainer.replay_rollouts_dir = replay_rollouts_dir
-    started_ray = False
-    if cfg.cluster.ray:
-        import ray
-
-        from rstar2.trainer.ray_resources import actor_demands, check_fits
-
-        if not ray.is_initialized():  # joins RAY_ADDRESS's cluster when set, else a local one
-            ray.init(include_dashboard=False, log_to_driver=False)
-            started_ray = True
-        try:  # Ray would keep actors that cannot be placed pending: fail now instead
-            check_fits(actor_demands(cfg), [n["Resources"] for n in ray.nodes() if n["Alive"]])
-        except ConfigError:
-            if started_ray:
-                ray.shutdown()
-            raise
-    try:
-        trainer.prepare(resume=resume)
-        return await trainer.run()
-    finally:
-        if trainer.sinks is not None:
-            trainer.sinks.close()
-        if cfg.cluster.ray and trainer.learner is not None:
-            trainer.learner.close()
-        if started_ray:
-            ray.shutdown()
+    async with Runtime(placement_for(cfg)) as runtime:
+        trainer = Trainer(cfg, run_dir, runtime, quiet=quiet)
+        trainer.save_rollouts_dir = save_rollouts_dir
+        trainer.replay_rollouts_dir = replay_rollouts_dir
+        try:
+            trainer.prepare(resume=resume)
+            return await trainer.run()
+        finally:
+            if trainer.sinks is not None:
+                trainer.sinks.close()

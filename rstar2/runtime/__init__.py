@@ -1,0 +1,207 @@
+"""The runtime: one run's components as typed handles, opened under one exit stack.
+
+    async with Runtime(placement_for(cfg)) as runtime:
+        learner = runtime.open_learner(settings)                 # Learner
+        async with runtime.services(spec) as services:           # engines, dispatcher,
+            ...                                                  # sandbox, scorer
+
+Guarantees:
+- Every handle is registered for closing the moment it exists, so a failure at any point
+  (a sandbox that refuses to start after the engines came up, a learner that cannot load)
+  closes what was opened, in reverse order, and leaves no process or actor behind.
+- Background tasks (the dispatcher's stats poller, Ray engines' stats refreshers) belong to
+  one :class:`asyncio.TaskGroup` per :meth:`Runtime.services`; one that fails cancels the
+  work inside and its error is raised from the ``async with``, never lost.
+- Where things run is the :class:`~rstar2.runtime.placement.Placement`'s business
+  (:func:`~rstar2.runtime.placement.placement_for`); nothing outside reads ``cluster.ray``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rstar2.config import ConfigError, RewardConfig, SandboxConfig, SchedulerConfig
+from rstar2.runtime.placement import ClosableSandbox, Placement, placement_for
+
+if TYPE_CHECKING:
+    from rstar2.agent.loop import AgentSettings, Trajectory
+    from rstar2.agent.template import ChatTemplate
+    from rstar2.learner.protocol import Learner
+    from rstar2.learner.torch_backend import TorchLearnerSettings
+    from rstar2.reward.scorer import RewardScorer
+    from rstar2.rollout.dispatch import Dispatcher
+    from rstar2.rollout.engine import Engine
+    from rstar2.rollout.openai_engine import OpenAIServerConfig
+    from rstar2.rollout.vllm_engine import VLLMEngineConfig
+
+__all__ = ["Placement", "Runtime", "Services", "ServicesSpec", "placement_for"]
+
+_WEAK_HINT = "set it to true to run tool code with weaker isolation"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServicesSpec:
+    """What :meth:`Runtime.services` opens: ``num_engines`` engines of ``engine`` (a vLLM engine
+    the placement starts, or a running server), a sandbox, a scorer and a dispatcher."""
+
+    engine: VLLMEngineConfig | OpenAIServerConfig
+    num_engines: int = 1
+    sandbox: SandboxConfig
+    reward: RewardConfig
+    scheduler: SchedulerConfig
+    # the key and hint of the error raised when the sandbox refuses weak isolation
+    sandbox_refusal: tuple[str, str] = ("sandbox.unsafe_weak_isolation", _WEAK_HINT)
+
+
+@dataclass
+class Services:
+    """The rollout side of a run: engines behind one dispatcher, the sandbox, the scorer."""
+
+    engines: list[Engine]
+    dispatcher: Dispatcher
+    sandbox: ClosableSandbox
+    scorer: RewardScorer
+
+    async def run(
+        self, template: ChatTemplate, prompt: Sequence[int], agent: AgentSettings
+    ) -> Trajectory:
+        """One scheduled trajectory."""
+        from rstar2.rollout.dispatch import run_scheduled
+
+        return await run_scheduled(self.dispatcher, self.sandbox, template, prompt, agent)
+
+
+class Runtime:
+    """Owns a placement and every handle opened through it (see the module docstring)."""
+
+    def __init__(self, placement: Placement) -> None:
+        self.placement = placement
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> Runtime:
+        await self._stack.__aenter__()
+        try:
+            self.placement.open()
+            self._stack.callback(self.placement.close)
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return await self._stack.__aexit__(*exc)
+
+    def open_learner(self, settings: TorchLearnerSettings) -> Learner:
+        """The learner, closed with the runtime."""
+        learner = self.placement.start_learner(settings)
+        self._stack.callback(learner.close)
+        return learner
+
+    @contextlib.asynccontextmanager
+    async def engines(
+        self, spec: VLLMEngineConfig | OpenAIServerConfig, count: int = 1
+    ) -> AsyncIterator[tuple[list[Engine], asyncio.TaskGroup]]:
+        """``count`` started engines and the task group their background work runs in."""
+        async with contextlib.AsyncExitStack() as stack:
+            tasks = await stack.enter_async_context(_task_group())
+            engines: list[Engine] = []
+            for _ in range(count):
+                engine = await self._start_engine(spec, tasks)
+                stack.push_async_callback(engine.aclose)
+                engines.append(engine)
+            yield engines, tasks
+
+    @contextlib.asynccontextmanager
+    async def sandbox(
+        self,
+        section: SandboxConfig,
+        refusal: tuple[str, str] = ("sandbox.unsafe_weak_isolation", _WEAK_HINT),
+    ) -> AsyncIterator[ClosableSandbox]:
+        """The sandbox ``section`` names: a sandbox-pool server (``http``), else an embedded
+        pool where the placement puts it. A pool that cannot isolate calls is a ConfigError
+        under ``refusal``'s key, with its hint."""
+        sandbox = await self._start_sandbox(section, refusal)
+        try:
+            yield sandbox
+        finally:
+            await sandbox.close()
+
+    @contextlib.asynccontextmanager
+    async def services(self, spec: ServicesSpec) -> AsyncIterator[Services]:
+        """Engines, sandbox, scorer and dispatcher, closed in reverse order on exit."""
+        from rstar2.reward.scorer import RewardScorer
+        from rstar2.rollout.dispatch import Dispatcher
+        from scheduler.core import SchedulerSettings
+
+        async with contextlib.AsyncExitStack() as stack:
+            engines, tasks = await stack.enter_async_context(
+                self.engines(spec.engine, spec.num_engines)
+            )
+            sandbox = await stack.enter_async_context(
+                self.sandbox(spec.sandbox, spec.sandbox_refusal)
+            )
+            r = spec.reward
+            scorer = stack.enter_context(
+                RewardScorer(
+                    timeout_s=r.timeout_s, num_workers=r.num_workers, cache_size=r.cache_size
+                )
+            )
+            settings = SchedulerSettings(
+                policy=spec.scheduler.policy,
+                block_size_tokens=engines[0].block_size,
+                split_turns=spec.scheduler.split_turns,
+            )
+            dispatcher = await stack.enter_async_context(Dispatcher(engines, settings, tasks=tasks))
+            yield Services(engines, dispatcher, sandbox, scorer)
+
+    async def _start_engine(
+        self, spec: VLLMEngineConfig | OpenAIServerConfig, tasks: asyncio.TaskGroup
+    ) -> Engine:
+        from rstar2.rollout.openai_engine import OpenAIServerConfig, OpenAIServerEngine
+
+        if isinstance(spec, OpenAIServerConfig):
+            return OpenAIServerEngine(spec.url, spec.model)
+        return await self.placement.start_engine(spec, tasks)
+
+    async def _start_sandbox(
+        self, section: SandboxConfig, refusal: tuple[str, str]
+    ) -> ClosableSandbox:
+        if section.mode == "http":
+            from sandbox_pool.client import SandboxClient
+
+            assert section.url is not None  # the section's validator requires it
+            return SandboxClient(section.url)
+        from sandbox_pool.pool import PoolConfig
+        from sandbox_pool.protocol import Limits
+        from sandbox_pool.zygote_client import IsolationUnavailable
+
+        config = PoolConfig(
+            allow_weak_isolation=section.unsafe_weak_isolation,
+            num_workers=section.num_workers,
+            limits=Limits(
+                timeout_s=section.max_execution_time_s,
+                memory_mb=section.max_memory_mb,
+                max_output_chars=section.max_output_chars,
+            ),
+        )
+        try:
+            return await self.placement.start_sandbox(config)
+        except IsolationUnavailable as exc:
+            key, hint = refusal
+            raise ConfigError(key, f"{exc}; {hint}") from None
+
+
+@contextlib.asynccontextmanager
+async def _task_group() -> AsyncIterator[asyncio.TaskGroup]:
+    """A task group whose one failure is raised as itself, not wrapped in a group."""
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            yield tasks
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

@@ -21,12 +21,16 @@ What a call can and cannot do (service running as root on Linux, the default dep
   (IPC namespace). The rest of the file system is visible read-only by Unix permissions (as for
   any unprivileged user). Directories the uid could not traverse on the way to Python (e.g.
   /root of a pyenv install) are replaced by an empty tmpfs with only the Python directories
-  bound back; so are Python directories under /tmp (a checkout, an editable install): packages
-  the host Python can import are importable in a call, and nothing else there is visible.
+  bound back, read-only; so are Python directories under /tmp (a checkout, an editable
+  install): packages the host Python can import are importable in a call, nothing else there is
+  visible, and no call can change what the next one imports.
 - Environment: scrubbed (PATH, HOME, LANG, thread counts only); /proc shows only its own
   processes (hidepid=2), so the server's environment and command lines are invisible.
+- Kernel keyrings (state that outlives a uid's processes): ``add_key``, ``request_key`` and
+  ``keyctl`` fail with EPERM (a seccomp filter, :mod:`sandbox_pool.seccomp`).
 Not isolated: CPU time and memory bandwidth are shared (no cgroups); kernel attack surface is
-the host's (no seccomp filter).
+the host's but for keyrings (no broader seccomp profile). A reused /tmp tells a call how many
+inodes the calls before it created (a counter, not content).
 
 Fails closed: where a layer cannot be applied (not root, no namespaces, Python's path on /tmp
 itself), :class:`SandboxPool` ``start()`` raises ``IsolationUnavailable`` naming it, and

@@ -31,6 +31,7 @@ def child_main(
     job_r: int,
     res_w: int,
     stdio: tuple[int, int],
+    deny_keyrings: bool,
 ) -> None:
     """In the fresh child: isolate, drop privileges, then serve exactly one call.
 
@@ -52,7 +53,7 @@ def child_main(
             max_file_mb=cfg.max_file_mb,
             max_open_files=cfg.max_open_files,
         )
-        isolation.drop_privileges(uid, static)
+        isolation.drop_privileges(uid, static, deny_keyrings=deny_keyrings)
         prepared = runner.runner_for(workdir)
         base_vm_bytes = isolation.current_vm_bytes()
         write_all(res_w, encode_frame({"ready": True}))

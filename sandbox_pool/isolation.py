@@ -30,6 +30,8 @@ import stat
 import sys
 from dataclasses import dataclass
 
+from sandbox_pool import seccomp
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
@@ -49,6 +51,7 @@ PR_SET_CHILD_SUBREAPER = 36
 # /tmp and /dev/shm are each child's own.
 SEALED_TMP_DIRS = ("/var/tmp", "/run/lock")
 MS_RDONLY = 1
+MS_REMOUNT = 32
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -201,8 +204,9 @@ def prepare(workdir: str, stdout_fd: int, stderr_fd: int, keep_fds: tuple[int, .
     _close_other_fds(keep_fds)
 
 
-def drop_privileges(uid: int | None, limits: StaticLimits) -> None:
-    """Before the call arrives: static rlimits, unprivileged uid, no new privileges.
+def drop_privileges(uid: int | None, limits: StaticLimits, *, deny_keyrings: bool) -> None:
+    """Before the call arrives: static rlimits, unprivileged uid, no new privileges, and with
+    ``deny_keyrings`` the seccomp filter of :mod:`sandbox_pool.seccomp`.
 
     After this the process cannot raise any limit again (soft = hard, no privileges), but it can
     still lower them, which :func:`limit_call` does once the call's own limits are known.
@@ -218,8 +222,16 @@ def drop_privileges(uid: int | None, limits: StaticLimits) -> None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
-    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    set_no_new_privs()
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # cleared by setuid: set after it
+    if deny_keyrings:
+        seccomp.deny_keyrings()
+
+
+def set_no_new_privs() -> None:
+    """This process and its descendants can never gain privileges (setuid bits, caps)."""
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
 
 
 def scrub_environment(home: str) -> None:
@@ -264,16 +276,22 @@ def _mount_over(target: str, opts: bytes, keeps: tuple[str, ...]) -> bool:
     """Mount a fresh tmpfs on ``target``, then bind ``keeps`` (paths under it) back into it."""
     # Open the kept dirs before the mount hides them; bind them back through /proc/self/fd.
     fds = [os.open(k, os.O_PATH | os.O_DIRECTORY) for k in keeps]
+    umask = os.umask(0o022)  # the dirs leading to a keep: root's, 0755, whatever our umask
     try:
         if _libc.mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
             return False
         for keep, fd in zip(keeps, fds, strict=True):
-            os.makedirs(keep, exist_ok=True)
+            os.makedirs(keep, 0o755, exist_ok=True)
             source = f"/proc/self/fd/{fd}".encode()
             if _libc.mount(source, keep.encode(), None, MS_BIND | MS_REC, None) != 0:
                 return False
+            # read-only for calls: nothing one call does there reaches the next
+            flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+            if _libc.mount(None, keep.encode(), None, flags, None) != 0:
+                return False
         return True
     finally:
+        os.umask(umask)
         for fd in fds:
             os.close(fd)
 
@@ -300,7 +318,8 @@ def _outermost(paths: set[str]) -> list[str]:
 
 
 def _mount_bind(source: str, target: str) -> int:
-    rc: int = _libc.mount(source.encode(), target.encode(), None, MS_BIND, None)
+    """Bind ``source`` and the mounts under it (the keeps of a /tmp) onto ``target``."""
+    rc: int = _libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None)
     return rc
 
 

@@ -12,6 +12,8 @@ PID namespace: when the zygote has reaped it, nothing of the call runs any more)
   leaving the bound-back Python directories untouched. A /tmp holding more than
   ``max_entries`` entries is not walked: the namespace is dropped and a fresh one made.
 Calls never share a namespace at the same time, and a call never sees another call's files.
+What a reused tmpfs does let a call learn is how many inodes the calls before it created
+(tmpfs numbers inodes in sequence) and when /tmp was last emptied: a counter, not content.
 """
 
 from __future__ import annotations
@@ -110,11 +112,13 @@ def _wipe(dir_fd: int, dev: int, budget: list[int]) -> None:
     """Remove every entry under ``dir_fd`` that lives on device ``dev``, but never descend into
     a directory on another device (a bound-back Python directory) or remove the directories
     leading to one. ``budget[0]`` entries at most, else _TooMany; OSError when one stays."""
+    entries = []
     with os.scandir(dir_fd) as it:
-        entries = list(it)
-    budget[0] -= len(entries)
-    if budget[0] < 0:
-        raise _TooMany
+        for entry in it:  # counted as read: a huge directory is never listed whole
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise _TooMany
+            entries.append(entry)
     for entry in entries:
         st = entry.stat(follow_symlinks=False)
         if st.st_dev != dev:

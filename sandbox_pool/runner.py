@@ -55,8 +55,8 @@ Report = Callable[[dict[str, Any]], None]
 
 class Runner:
     """One sandbox child's runtime, set up before its call arrives (off the latency path):
-    the standard streams over fds 0-2, a fresh ``__main__``, ``sys.argv`` and ``sys.path[0]``
-    for ``main.py`` in ``workdir``, and the ``os._exit`` hook."""
+    the standard streams over fds 0-2, a fresh ``__main__`` and ``sys.argv`` for ``main.py`` in
+    ``workdir``, and the ``os._exit`` hook (``sys.path[0]`` is :func:`runner_for`'s)."""
 
     def __init__(self, workdir: str) -> None:
         self.workdir = workdir
@@ -72,7 +72,6 @@ class Runner:
         )
         sys.modules["__main__"] = self.module
         sys.argv = [self.path]
-        sys.path[0:0] = [workdir]
         self._hook_os_exit()
 
     def run(self, call: dict[str, Any], report: Report) -> None:
@@ -272,10 +271,12 @@ def prebuild(workdir: str | None) -> None:
 
 def runner_for(workdir: str) -> Runner:
     """In a child: the runner for a call in ``workdir`` (the zygote's, when it prebuilt one)."""
-    if _PREBUILT_RUNNER is not None and _PREBUILT_RUNNER.workdir == workdir:
-        sys.path_importer_cache.pop(workdir, None)  # the zygote has no such directory
-        return _PREBUILT_RUNNER
-    return Runner(workdir)
+    prepared = _PREBUILT_RUNNER
+    if prepared is None or prepared.workdir != workdir:
+        prepared = Runner(workdir)
+    # here, not in the zygote: the zygote's /tmp is the host's, where anyone can make that dir
+    sys.path.insert(0, workdir)
+    return prepared
 
 
 def _make_streams() -> Streams:

@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox_pool import isolation, runner
+from sandbox_pool import isolation, runner, seccomp
 from sandbox_pool.child import CALL_DIR, child_main
 from sandbox_pool.namespaces import CallNamespaces
 from sandbox_pool.protocol import encode_frame
@@ -98,6 +98,9 @@ class Zygote:
         self.keeps: tuple[str, ...] = ()
         self.free_slots: deque[CallNamespaces] = deque()
         self.missing = self._set_up_isolation()
+        self.deny_keyrings = _keyring_filter_works()
+        if not self.deny_keyrings:
+            self.missing.append("a seccomp filter denying kernel keyrings (the kernel refused)")
         self.isolated = isolation.is_root() and not any("namespace" in m for m in self.missing)
         report = {"isolation": {"missing": self.missing}}
         self.sock.send(json.dumps(report).encode())
@@ -226,30 +229,35 @@ class Zygote:
         return bool(self.free_uids) or not self.use_uids
 
     def _fork_child(self) -> tuple[Child, list[int]]:
+        """Fork one child; on failure (OSError) everything taken for it is given back."""
         uid = self.free_uids.popleft() if self.use_uids else None
-        workdir = None
-        if not self.isolated:
-            workdir = tempfile.mkdtemp(dir=self.root_dir, prefix="call-")
-            if uid is not None:
-                os.chown(workdir, uid, uid)
-        slot = None
-        if self.isolated:
-            slot = self._take_slot()
-        out_fd, err_fd = os.memfd_create("stdout"), os.memfd_create("stderr")
-        job_r, job_w = os.pipe()
-        res_r, res_w = os.pipe()
+        workdir: str | None = None
+        slot: CallNamespaces | None = None
+        fds: list[int] = []
         try:
+            if not self.isolated:
+                workdir = tempfile.mkdtemp(dir=self.root_dir, prefix="call-")
+                if uid is not None:
+                    os.chown(workdir, uid, uid)
+            else:
+                slot = self._take_slot()
+            fds += [os.memfd_create("stdout"), os.memfd_create("stderr")]
+            fds += [*os.pipe(), *os.pipe()]
             pid = isolation.fork_into_namespaces(self.isolated)
         except OSError:
-            for fd in (out_fd, err_fd, job_r, job_w, res_r, res_w):
+            for fd in fds:
                 os.close(fd)
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
             if uid is not None:
                 self.free_uids.appendleft(uid)
             if slot is not None:
                 self.free_slots.appendleft(slot)
             raise
+        out_fd, err_fd, job_r, job_w, res_r, res_w = fds
         if pid == 0:
-            child_main(self.cfg, workdir, uid, slot, job_r, res_w, (out_fd, err_fd))
+            stdio = (out_fd, err_fd)
+            child_main(self.cfg, workdir, uid, slot, job_r, res_w, stdio, self.deny_keyrings)
         os.close(job_r)
         # res_w stays blocking: O_NONBLOCK would be shared with the child's copy. The zygote
         # only writes a ~20-byte "died" report to it, which never blocks.
@@ -309,6 +317,24 @@ class Zygote:
             time.sleep(0.005)
         if self.root_dir is not None:
             shutil.rmtree(self.root_dir, ignore_errors=True)
+
+
+def _keyring_filter_works() -> bool:
+    """Whether a forked process can install :mod:`sandbox_pool.seccomp`'s filter."""
+    try:
+        seccomp.prepare()
+    except ValueError:  # no filter for this machine
+        return False
+    pid = os.fork()
+    if pid == 0:
+        try:
+            isolation.set_no_new_privs()
+            seccomp.deny_keyrings()
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def _kill(pid: int) -> None:

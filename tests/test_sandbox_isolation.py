@@ -85,13 +85,23 @@ async def test_python_dirs_under_tmp_are_importable_and_nothing_beside_them(
 ):
     root = Path("/tmp") / f"rstar2-pp-{os.getpid()}"
     (root / "lib").mkdir(parents=True)
+    (root / "lib").chmod(0o777)  # writable by anyone on the host: still read-only in a call
     (root / "lib" / "tool_helper.py").write_text("VALUE = 42\n")
     (root / "secret.txt").write_text("not for calls")
     monkeypatch.setenv("PYTHONPATH", f"{REPO}:{root / 'lib'}")
+    shm_view = "/dev/shm" + str(root)[len("/tmp") :]  # /dev/shm is the same tmpfs, keeps too
     try:
         async with SandboxPool(PoolConfig(num_workers=1)) as pool:
             code = (
                 "import os, tool_helper\n"
+                "def refused(path):\n"
+                "    try:\n"
+                "        open(path, 'w').close()\n"
+                "    except OSError as e:\n"
+                "        return e.errno\n"
+                f"assert refused({str(root / 'lib' / 'x.py')!r}) == 30  # EROFS\n"
+                f"assert refused({shm_view + '/x'!r}) == 13  # EACCES: root's dir\n"
+                f"assert os.path.exists({shm_view + '/lib/tool_helper.py'!r})\n"
                 f"print(tool_helper.VALUE, os.path.exists({str(root / 'secret.txt')!r}))"
             )
             # more calls than namespace slots: each reset of a /tmp leaves the bound-back

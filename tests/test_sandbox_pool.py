@@ -363,3 +363,25 @@ async def test_the_stock_of_ready_children_refills_after_a_burst():
             while pool.status()["ready"] != full and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert pool.status()["ready"] == full
+
+
+async def test_kernel_keyrings_are_denied(pool):
+    """A uid's keyrings outlive its processes and uids are reused: calls get EPERM for them."""
+    import platform
+
+    from sandbox_pool.seccomp import _ARCHES
+
+    if platform.machine() not in _ARCHES:
+        pytest.skip(f"no filter for {platform.machine()}")
+    add_key, _request_key, keyctl = _ARCHES[platform.machine()][1]
+    code = (
+        "import ctypes, subprocess\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"r = libc.syscall({add_key}, b'user', b'k', b'secret', 6, ctypes.c_long(-4))\n"
+        "e = ctypes.get_errno()\n"
+        f"r2 = libc.syscall({keyctl}, 0, ctypes.c_long(-4), 0)\n"
+        "print(r, e, r2, ctypes.get_errno())\n"
+        "print(subprocess.run(['sh', '-c', 'echo ok'], capture_output=True, text=True).stdout)\n"
+    )
+    r = await pool.run(code)
+    assert r.stdout.split() == ["-1", "1", "-1", "1", "ok"], r

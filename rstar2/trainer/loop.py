@@ -22,7 +22,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +35,12 @@ from rstar2.runtime import Runtime, Services, ServicesSpec, placement_for
 from rstar2.trainer import state as st
 from rstar2.trainer.batch import Rollout, rollout_metrics, select
 from rstar2.trainer.curves import plot_curves
+from rstar2.trainer.problems import DECONTAMINATION, load_eval_problems, load_train_problems
 from rstar2.trainer.rollout import collect, load_rollouts, save_rollouts
 from rstar2.trainer.sinks import MetricSinks
 
 METRICS = "metrics.jsonl"
 _SUMMARY_KEYS = ("reward_mean", "num_prompts_kept", "tool_calls_per_traj", "response_tokens_mean")
-
-
-@dataclass
-class Problems:
-    rows: list[dict[str, Any]]
-    prompts: list[list[int]]
-    truths: list[str]
 
 
 class Trainer:
@@ -81,11 +75,11 @@ class Trainer:
         fmt = self.cfg.agent.prompt_format(self.policy_path)
         self.prompt_format = fmt
         self.template = fmt.template(tokenizer, self.cfg.agent.tool_name)
-        self.train = self._load_problems(self.cfg.data.train_datasets, "data.train_datasets")
-        self.evals = {
-            spec: self._load_problems([spec], "data.eval_datasets")
-            for spec in self.cfg.data.eval_datasets
-        }
+        self.train = load_train_problems(self.cfg, self.template, self.run_dir)
+        dropped = json.loads((self.run_dir / DECONTAMINATION).read_text())["dropped"]
+        if dropped:
+            self._say(f"data: dropped {dropped} training problem(s) overlapping a benchmark")
+        self.evals = load_eval_problems(self.cfg, self.template)
         self._learner = self.runtime.open_learner(_learner_settings(self.cfg, self.policy_path))
         where = self.runtime.placement.describe_learner(self._learner)
         if where:
@@ -151,24 +145,6 @@ class Trainer:
             seed=self.cfg.seed,
         )
         fmt.save(folder)
-
-    def _load_problems(self, specs: Sequence[str], key: str) -> Problems:
-        from rstar2.data.sources import load_rows
-
-        assert self.template is not None
-        rows: list[dict[str, Any]] = []
-        for spec in specs:
-            rows += load_rows(spec).rows
-        out = Problems([], [], [])
-        for row in rows:
-            ids = self.template.encode_prompt(list(row["prompt"]))
-            if len(ids) <= self.cfg.data.max_prompt_tokens:
-                out.rows.append(row)
-                out.prompts.append(ids)
-                out.truths.append(str(row["reward_model"]["ground_truth"]))
-        if not out.rows:
-            raise DataError(f"{key}: no problem fits data.max_prompt_tokens")
-        return out
 
     def _restore(self) -> None:
         found = st.complete_checkpoints(self.run_dir)

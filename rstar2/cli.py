@@ -237,6 +237,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     import asyncio
+    import signal
     import time
 
     from rstar2.config_io import load_config, write_resolved_config
@@ -269,6 +270,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
             quiet=args.quiet,
         )
     )
+    if summary.get("stopped"):
+        print(f"train: stopped at step {summary['steps']}; rstar2 train --resume {run_dir}")
+        return 128 + signal.SIGTERM
     gains = summary.get("eval_gain_points") or {}
     gain_text = ", ".join(f"{k} {v:+.1f} points" for k, v in gains.items())
     print(

@@ -161,6 +161,59 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(
     assert _metrics(run_dir) == _metrics(full_run)
 
 
+def test_sigterm_mid_step_checkpoints_exits_and_resumes_exactly(
+    config_file: Path, full_run: Path
+) -> None:
+    """SIGTERM while a step runs: the step in flight is undone (rollouts) or finished
+    (learning), a checkpoint is written, the run exits 143 leaving no process behind, and
+    --resume then gives the uninterrupted run's metrics."""
+    run_dir = config_file.parent / "terminated"
+    cmd = [sys.executable, "-m", "rstar2.cli", "train", "--config", str(config_file)]
+    proc = subprocess.Popen(
+        [*cmd, "--run-dir", str(run_dir), "--quiet"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 400
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if metrics.is_file() and '"reward_mean"' in metrics.read_text():
+                break  # step 1 is logged: step 2 is under way
+            time.sleep(0.1)
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, err[-3000:]
+    assert "stopped at step" in out and "--resume" in out
+    _wait_until_group_is_gone(proc.pid)
+    checkpoints = sorted((run_dir / "checkpoints").iterdir())
+    assert checkpoints and (checkpoints[-1] / "trainer.json").is_file()
+    res = run_cli("train", "--resume", str(run_dir), "--quiet", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _metrics(run_dir) == _metrics(full_run)
+
+
+def _wait_until_group_is_gone(pgid: int, timeout_s: float = 60) -> None:
+    """Every process of the run's session has exited (engines, zygotes, reward workers)."""
+    deadline = time.monotonic() + timeout_s  # generous: a loaded machine reaps slowly
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    left = subprocess.run(["ps", "-o", "pid,args", "-g", str(pgid)], capture_output=True, text=True)
+    raise AssertionError(f"processes left behind:\n{left.stdout}")
+
+
 def test_replay_reproduces_the_updates_without_engines(config_file: Path, full_run: Path) -> None:
     run_dir = config_file.parent / "replayed"
     rollouts = config_file.parent / "rollouts"

@@ -18,13 +18,16 @@ optimizer state, so on CPU the steps after the resume point repeat the uninterru
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import copy
 import json
+import signal
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rstar2.agent.loop import AgentSettings, Trajectory
 from rstar2.agent.template import ChatTemplate
@@ -39,8 +42,13 @@ from rstar2.trainer.problems import DECONTAMINATION, load_eval_problems, load_tr
 from rstar2.trainer.rollout import collect, load_rollouts, save_rollouts
 from rstar2.trainer.sinks import MetricSinks
 
+T = TypeVar("T")
 METRICS = "metrics.jsonl"
 _SUMMARY_KEYS = ("reward_mean", "num_prompts_kept", "tool_calls_per_traj", "response_tokens_mean")
+
+
+class Stopped(Exception):
+    """A stop was requested (SIGTERM); the run checkpoints and returns."""
 
 
 class Trainer:
@@ -62,6 +70,7 @@ class Trainer:
         self.policy_path = cfg.model.path
         self.state = st.TrainerState()
         self.sinks: MetricSinks | None = None
+        self._stop = asyncio.Event()
 
     # ---- set-up ----
 
@@ -183,7 +192,22 @@ class Trainer:
 
     # ---- the loop ----
 
+    def request_stop(self) -> None:
+        """Stop at the next safe point (SIGTERM): rollouts in flight are cancelled and their
+        step undone; a step already learning finishes. Then a checkpoint, and run() returns."""
+        self._stop.set()
+
     async def run(self) -> dict[str, Any]:
+        try:
+            return await self._run()
+        except Stopped:
+            state = self.state
+            if not (st.checkpoint_dir(self.run_dir, state.step) / st.STATE_FILE).is_file():
+                self.checkpoint()
+            self._say(f"stopped at step {state.step}: checkpoint written; resume with --resume")
+            return {"stopped": True, "steps": state.step}
+
+    async def _run(self) -> dict[str, Any]:
         cfg, state = self.cfg, self.state
         async with self.open_services():
             if state.step == 0 and not state.stage_started:
@@ -201,7 +225,9 @@ class Trainer:
                     shuffle=cfg.data.shuffle,
                 )
                 while state.stage_step < stage.num_steps:
+                    self._check_stop()
                     await self.step(stage, sampler)
+                    self._check_stop()
             if not self._eval_done(state.step):
                 await self.evaluate(state.step)
             if not (st.checkpoint_dir(self.run_dir, state.step) / st.STATE_FILE).is_file():
@@ -255,12 +281,17 @@ class Trainer:
         cfg, state = self.cfg, self.state
         step = state.step + 1
         started = time.perf_counter()
+        before = copy.deepcopy(state)
         problems = sampler.next_batch(state, cfg.data.rollout_batch_num_prompts)
         n = cfg.rollout.num_samples_per_prompt
         if self.replay_rollouts_dir is not None:
             groups = load_rollouts(self.replay_rollouts_dir, step)
         else:
-            groups = await self._rollouts(problems, stage, n, step=step, desc=f"step {step}")
+            try:
+                groups = await self._rollouts(problems, stage, n, step=step, desc=f"step {step}")
+            except Stopped:  # nothing of this step happened
+                vars(state).update(vars(before))
+                raise
         if self.save_rollouts_dir is not None:
             save_rollouts(self.save_rollouts_dir, step, groups)
         time_rollout = time.perf_counter() - started
@@ -325,17 +356,19 @@ class Trainer:
         with tqdm(
             total=len(problems) * n, desc=desc, unit="traj", leave=False, disable=self.quiet
         ) as bar:
-            return await collect(
-                [self.train.prompts[p] for p in problems],
-                [self.train.truths[p] for p in problems],
-                problems,
-                n=n,
-                run=run,
-                scorer=services.scorer,
-                agent=agent,
-                seed=self.cfg.seed,
-                step=step,
-                progress=bar,
+            return await self._unless_stopped(
+                collect(
+                    [self.train.prompts[p] for p in problems],
+                    [self.train.truths[p] for p in problems],
+                    problems,
+                    n=n,
+                    run=run,
+                    scorer=services.scorer,
+                    agent=agent,
+                    seed=self.cfg.seed,
+                    step=step,
+                    progress=bar,
+                )
             )
 
     async def evaluate(self, step: int) -> dict[str, float]:
@@ -392,6 +425,24 @@ class Trainer:
             )
         self._log({"step": step, "eval": True, **out})
         return out
+
+    async def _unless_stopped(self, work: Coroutine[Any, Any, T]) -> T:
+        """``work``'s result, unless a stop is requested first: then it is cancelled and
+        Stopped raised."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise Stopped
+        return task.result()
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise Stopped
 
     def _eval_done(self, step: int) -> bool:
         return (
@@ -571,13 +622,16 @@ async def run_train(
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Prepare and run one training run (the ``rstar2 train`` command's body)."""
+    loop = asyncio.get_running_loop()
     async with Runtime(placement_for(cfg)) as runtime:
         trainer = Trainer(cfg, run_dir, runtime, quiet=quiet)
         trainer.save_rollouts_dir = save_rollouts_dir
         trainer.replay_rollouts_dir = replay_rollouts_dir
+        loop.add_signal_handler(signal.SIGTERM, trainer.request_stop)
         try:
             trainer.prepare(resume=resume)
             return await trainer.run()
         finally:
+            loop.remove_signal_handler(signal.SIGTERM)
             if trainer.sinks is not None:
                 trainer.sinks.close()

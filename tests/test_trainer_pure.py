@@ -13,7 +13,7 @@ from rstar2.config import AlgorithmConfig, AugmentationConfig, DownSamplingConfi
 from rstar2.data.schema import DataError
 from rstar2.trainer import state as st
 from rstar2.trainer.batch import Rollout, rollout_metrics, select
-from rstar2.trainer.loop import _truncate_metrics
+from rstar2.trainer.checkpoint import Checkpointer
 from rstar2.trainer.rollout import load_rollouts, save_rollouts, trajectory_seed
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ def test_truncate_metrics_moves_later_lines_aside(tmp_path: Path) -> None:
         {"step": 3},
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    _truncate_metrics(tmp_path, 2)
+    Checkpointer(tmp_path, keep_last=3).truncate_metrics(2)
     kept = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert kept == lines[:5]
     aside = (tmp_path / "metrics.discarded.jsonl").read_text().splitlines()

@@ -30,6 +30,7 @@ class TrainerState:
     cursor: int = 0  # prompts of this epoch's order already drawn
     pool: list[int] | None = None  # the stage's problem indices; None: every problem
     rng_state: list[Any] = field(default_factory=list)  # RoC's random.Random, as JSON
+    last_eval_step: int = -1  # the step whose weights were last evaluated
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

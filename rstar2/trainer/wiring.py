@@ -1,0 +1,78 @@
+"""From the config tree to the settings each component takes (the trainer's wiring).
+
+Every function here reads config sections and returns a component's own settings; nothing
+else in the trainer copies config fields.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rstar2 import recipe
+from rstar2.agent.loop import AgentSettings
+from rstar2.config import Config, ConfigError
+from rstar2.runtime import ServicesSpec
+
+if TYPE_CHECKING:
+    from rstar2.learner.torch_backend import TorchLearnerSettings
+
+
+def check_supported(cfg: Config) -> None:
+    if cfg.learner.backend != "torch":
+        raise ConfigError("learner.backend", "only 'torch' is implemented so far")
+    if cfg.algorithm.kl_coef > 0 or cfg.algorithm.entropy_coef > 0:
+        raise ConfigError(
+            "algorithm.kl_coef", "KL and entropy terms are not wired into the trainer (use 0)"
+        )
+
+
+def learner_settings(cfg: Config, model_path: str) -> TorchLearnerSettings:
+    from rstar2.learner.torch_backend import TorchLearnerSettings
+
+    return TorchLearnerSettings.from_config(
+        cfg, model_path, lr=cfg.optim.lr, warmup_steps=cfg.optim.warmup_steps
+    )
+
+
+def agent_settings(cfg: Config, max_turns: int, max_tokens: int) -> AgentSettings:
+    a = cfg.agent
+    return AgentSettings(
+        max_turns=max_turns,
+        max_response_tokens=max_tokens,
+        tool_name=a.tool_name,
+        max_parallel_tool_calls=a.max_parallel_tool_calls,
+        tool_response_max_chars=a.tool_response_max_chars,
+        tool_response_truncate_side=a.tool_response_truncate_side,
+        tool_response_execution_time=a.tool_response_execution_time,
+        tool_timeout_s=cfg.sandbox.max_execution_time_s,
+    )
+
+
+def bucket_bytes(cfg: Config) -> int:
+    return cfg.learner.weight_sync_bucket_mb * 2**20
+
+
+def services_spec(cfg: Config, model_path: str) -> ServicesSpec:
+    """The rollout side of ``cfg``: its engines (loading ``model_path``), sandbox, reward and
+    scheduler sections."""
+    from rstar2.rollout.vllm_engine import VLLMEngineConfig
+
+    r = cfg.rollout
+    engine = VLLMEngineConfig(
+        model_path=model_path,
+        dtype=cfg.model.dtype,
+        max_model_len=recipe.max_model_len(cfg),
+        seed=cfg.seed,
+        enforce_eager=r.enforce_eager,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        tensor_parallel_size=r.tensor_parallel_size,
+        kv_cache_space_gb=r.kv_cache_space_gb,
+        enable_prefix_caching=r.enable_prefix_caching,
+    )
+    return ServicesSpec(
+        engine=engine,
+        num_engines=r.num_engines,
+        sandbox=cfg.sandbox,
+        reward=cfg.reward,
+        scheduler=cfg.scheduler,
+    )

@@ -59,7 +59,6 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "bfloat16", description="Parameter dtype of the learner and engines (float32 on CPU)."
     )
-    trust_remote_code: bool = Field(False, description="Allow model code from the model folder.")
     tiny: TinyModelConfig | None = Field(
         None,
         description="Build a tiny random-init model at `path` when that folder has no model "
@@ -279,8 +278,12 @@ class LearnerConfig(_Section):
         16384, ge=64, description="Packed tokens per forward/backward micro-batch per GPU."
     )
     activation_checkpointing: bool = Field(True, description="Recompute activations in backward.")
-    tensor_parallel_size: int = Field(1, ge=1, description="Megatron tensor parallel degree.")
-    pipeline_parallel_size: int = Field(1, ge=1, description="Megatron pipeline parallel degree.")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="Megatron tensor parallel degree (the torch backend takes 1)."
+    )
+    pipeline_parallel_size: int = Field(
+        1, ge=1, description="Megatron pipeline parallel degree (the torch backend takes 1)."
+    )
     weight_sync_bucket_mb: int = Field(
         512, ge=1, description="Upper bound of one weight-sync bucket sent to the engines."
     )
@@ -349,8 +352,15 @@ class ClusterConfig(_Section):
     accelerator: Literal["cpu", "cuda", "rocm"] = Field(
         "cuda", description="Device family of the nodes."
     )
-    num_nodes: int = Field(1, ge=1, description="Nodes in the job.")
-    gpus_per_node: int = Field(8, ge=0, description="Accelerators per node (0 on CPU).")
+    num_nodes: int = Field(
+        1, ge=1, description="Nodes in the job; more than one needs cluster.ray (or a launcher)."
+    )
+    gpus_per_node: int = Field(
+        8,
+        ge=0,
+        description="Accelerators per node (0 on CPU); a one-process run checks that its "
+        "engines and learner fit in them.",
+    )
     ray: bool = Field(
         False,
         description="Place the learner, the rollout engines and the embedded sandbox pool in Ray "

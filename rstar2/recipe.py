@@ -89,7 +89,7 @@ def build_tiny(cfg: Config, folder: Path) -> None:
 
 
 def finish(
-    run_dir: Path, learner: Learner, policy_path: str, prompt_format: PromptFormat, steps: int
+    run_dir: Path, learner: Learner, tokenizer_path: str, prompt_format: PromptFormat, steps: int
 ) -> dict[str, Any]:
     """``model/`` (the policy as an HF folder with its tokenizer and prompt format),
     ``curves.png`` and ``summary.json`` (returned)."""
@@ -99,7 +99,7 @@ def finish(
 
     model_dir = run_dir / "model"
     learner.export_hf(model_dir)
-    AutoTokenizer.from_pretrained(policy_path).save_pretrained(model_dir)
+    AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(model_dir)
     prompt_format.save(model_dir)
     curves = plot_curves(run_dir / METRICS, run_dir / "curves.png")
     rows = read_jsonl(run_dir / METRICS)

@@ -162,3 +162,39 @@ def test_console_scripts_are_declared():
 
     names = {ep.name for ep in entry_points(group="console_scripts")}
     assert {"rstar2", "sandbox-pool"} <= names
+
+
+def test_every_config_field_is_read_somewhere() -> None:
+    """A field nothing reads is a setting that does not mean what it says: each leaf of the
+    tree must be read as an attribute (``section.field``) by the code outside config.py."""
+    import ast
+    import typing
+
+    from pydantic import BaseModel
+
+    from rstar2.config import Config, StageConfig
+
+    read: set[str] = set()
+    for package in ("rstar2", "sandbox_pool", "scheduler"):
+        for path in (REPO / package).rglob("*.py"):
+            if path == REPO / "rstar2" / "config.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute):
+                    read.add(node.attr)
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    read.add(node.value)  # getattr(section, "name")
+
+    def leaves(model: type[BaseModel], prefix: str) -> typing.Iterator[str]:
+        for name, field in model.model_fields.items():
+            kinds = typing.get_args(field.annotation) or (field.annotation,)
+            sections = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+            if name == "stages":
+                sections = [StageConfig]
+            if sections:
+                yield from leaves(sections[0], f"{prefix}{name}.")
+            else:
+                yield f"{prefix}{name}"
+
+    unread = [path for path in leaves(Config, "") if path.rsplit(".", 1)[-1] not in read]
+    assert unread == []

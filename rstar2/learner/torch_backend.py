@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from rstar2.algo.loss import LossSettings, policy_loss
+from rstar2.config import LearnerConfig
 from rstar2.learner.packing import MicroBatch, pack, plan, unpack
 from rstar2.learner.protocol import TrainSequence
 
@@ -40,7 +41,7 @@ class TorchLearnerSettings:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip_norm: float = 1.0
     micro_batch_tokens: int = 16384
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = LearnerConfig.model_fields["activation_checkpointing"].default
     loss: LossSettings = field(default_factory=LossSettings)
     device: str = "auto"  # "auto": cuda when available, else cpu
     bf16_autocast: bool = True  # on GPU; parameters and optimizer state stay fp32

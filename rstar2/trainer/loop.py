@@ -94,7 +94,11 @@ class Trainer:
         self.policy_path = recipe.initial_policy(
             self.cfg, self.run_dir, self._say, quiet=self.quiet
         )
-        tokenizer = AutoTokenizer.from_pretrained(self.policy_path)
+        # model.tokenizer_path names the base model's tokenizer; SFT saves it with its model
+        base_tokenizer = self.cfg.model.tokenizer_path
+        tokenizer_from = self.policy_path if self.cfg.sft.data else base_tokenizer
+        self.tokenizer_path = tokenizer_from or self.policy_path
+        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         fmt = self.cfg.agent.prompt_format(self.policy_path)
         self.prompt_format = fmt
         self.template = fmt.template(tokenizer, self.cfg.agent.tool_name)
@@ -186,7 +190,7 @@ class Trainer:
             if not self.checkpointer.has(state.step):
                 self.checkpoint()
         return recipe.finish(
-            self.run_dir, self.learner, self.policy_path, self.prompt_format, state.step
+            self.run_dir, self.learner, self.tokenizer_path, self.prompt_format, state.step
         )
 
     async def start_stage(self, index: int, stage: StageConfig) -> None:

@@ -18,8 +18,23 @@ if TYPE_CHECKING:
 
 
 def check_supported(cfg: Config) -> None:
+    """ConfigError for what this build cannot run as configured."""
     if cfg.learner.backend != "torch":
         raise ConfigError("learner.backend", "only 'torch' is implemented so far")
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(cfg.learner, key) != 1:
+            raise ConfigError(f"learner.{key}", "the torch backend takes 1 (TP/PP is megatron's)")
+    c = cfg.cluster
+    if c.num_nodes > 1 and not c.ray:
+        raise ConfigError("cluster.num_nodes", "more than one node needs cluster.ray: true")
+    if c.accelerator != "cpu" and not c.ray:
+        wanted = cfg.rollout.num_engines * cfg.rollout.tensor_parallel_size + 1
+        if wanted > c.gpus_per_node:
+            raise ConfigError(
+                "cluster.gpus_per_node",
+                f"{c.gpus_per_node} GPUs, but the engines and the learner need {wanted} "
+                "(rollout.num_engines x rollout.tensor_parallel_size + 1)",
+            )
     if cfg.algorithm.kl_coef > 0 or cfg.algorithm.entropy_coef > 0:
         raise ConfigError(
             "algorithm.kl_coef", "KL and entropy terms are not wired into the trainer (use 0)"

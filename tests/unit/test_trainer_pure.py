@@ -16,7 +16,7 @@ from rstar2.trainer.batch import Rollout, rollout_metrics, select
 from rstar2.trainer.checkpoint import Checkpointer
 from rstar2.trainer.rollout import load_rollouts, save_rollouts, trajectory_seed
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _rollout(group: int, sample: int, reward: float, calls: int = 1, errors: int = 0) -> Rollout:

@@ -14,7 +14,7 @@ from scheduler.core import ADMISSION_POLICIES, POLICIES, SchedulerSettings
 from scheduler.sim import SimSettings, StepCostModel, makespan_lower_bound, simulate
 from scheduler.trace import TraceError, TraceRow, TraceTurn, load_trace, paper_like, write_trace
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_paper_like_trace_follows_its_spec_and_round_trips(tmp_path: Path) -> None:

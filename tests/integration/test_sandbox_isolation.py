@@ -1,5 +1,5 @@
 """Isolation fails closed, and Python stays importable without exposing /tmp (root only: these are
-the layers that need it). Calls between themselves: tests/test_sandbox_pool.py."""
+the layers that need it). Calls between themselves: tests/unit/test_sandbox_pool.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from sandbox_pool import PoolConfig, SandboxPool
 from sandbox_pool.isolation import editable_paths
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="isolation layers need root")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _serve(port: int, *extra: str, cwd: str, env: dict[str, str]) -> subprocess.Popen[str]:

@@ -1,0 +1,137 @@
+"""The trainer's loop without vLLM: steps, stages (a hard subset with an optimizer reset), eval
+scheduling, checkpoints and exact resume, on the in-process HF engine with the real learner,
+sandbox and scorer (tests/helpers/hf_placement.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from rstar2.config import Config
+from rstar2.runtime import Runtime
+from rstar2.trainer.loop import Trainer
+from tests.helpers.hf_placement import HFPlacement
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+_TIMING = ("time_", "tokens_per_s", "gen_tokens_per_s")
+
+
+def _config(tool_model_dir: Path, data: Path, **eval_cfg: Any) -> Config:
+    return Config.model_validate(
+        {
+            "seed": 3,
+            "model": {"path": str(tool_model_dir), "dtype": "float32"},
+            "data": {
+                "train_datasets": [str(data)],
+                "eval_datasets": [str(data)],
+                "rollout_batch_num_prompts": 2,
+                "max_prompt_tokens": 1024,
+                "decontaminate": False,
+            },
+            "rollout": {"num_samples_per_prompt": 4, "temperature": 1.2},
+            "sandbox": {"num_workers": 1, "unsafe_weak_isolation": True},
+            "agent": {"tool_response_execution_time": False},
+            "reward": {"num_workers": 1},
+            "augmentation": {
+                "down_sampling_config": {
+                    "down_sample_to_n": 2,
+                    "min_zero_reward_trace_num": 1,
+                    "min_non_zero_reward_trace_num": 1,
+                }
+            },
+            "optim": {"lr": 1e-4, "warmup_steps": 1},
+            "learner": {"micro_batch_tokens_per_gpu": 2048, "activation_checkpointing": False},
+            "stages": [
+                {"name": "s1", "num_steps": 2, "max_response_tokens": 200, "max_turns": 3},
+                {
+                    "name": "s2",
+                    "num_steps": 1,
+                    "max_response_tokens": 200,
+                    "max_turns": 3,
+                    "data_filter": "hard_subset",
+                    "hard_subset_num_samples": 2,
+                    "reset_optimizer": True,
+                },
+            ],
+            "eval": {"num_samples": 1, "max_response_tokens": 200, "max_turns": 3, **eval_cfg},
+            "checkpoint": {"every_steps": 1, "keep_last": 5},
+            "scheduler": {"split_turns": False},
+            "cluster": {"accelerator": "cpu", "gpus_per_node": 0},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    problems = [
+        {"problem": "What is six times seven?", "answer": "42"},
+        {"problem": "Add two and three, and five and five.", "answer": "5, 10"},
+        {"problem": "What is six times seven?", "answer": "43"},  # never solved: stays hard
+    ]
+    path = tmp_path_factory.mktemp("data") / "problems.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    return path
+
+
+async def _train(cfg: Config, run_dir: Path, *, resume: bool = False) -> dict[str, Any]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    async with Runtime(HFPlacement()) as runtime:
+        trainer = Trainer(cfg, run_dir, runtime, quiet=True)
+        trainer.prepare(resume=resume)
+        return await trainer.run()
+
+
+def _metrics(run_dir: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(_TIMING)} for r in rows]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def full_run(tool_model_dir: Path, data: Path, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("full")
+    summary = await _train(_config(tool_model_dir, data, every_steps=0), run_dir)
+    assert summary["steps"] == 3
+    return run_dir
+
+
+async def test_steps_stages_and_the_hard_subset(full_run: Path) -> None:
+    rows = _metrics(full_run)
+    steps = [r for r in rows if "reward_mean" in r]
+    assert [(r["step"], r["stage"]) for r in steps] == [(1, "s1"), (2, "s1"), (3, "s2")]
+    assert all(r["num_prompts"] == 2 for r in steps)
+    assert any(r["updated"] for r in steps), "no step had a group with mixed rewards"
+    assert sum(r["tool_calls_per_traj"] for r in steps) > 0
+    start = [r for r in rows if r.get("stage_start") and r["stage"] == "s2"]
+    assert len(start) == 1 and start[0]["reset_optimizer"] is True
+    assert 1 <= start[0]["stage_problems"] <= 3  # the wrong-answer row is never solved
+    assert [r["step"] for r in rows if r.get("eval")] == [0, 3]  # every_steps 0: first and last
+    names = sorted(p.name for p in (full_run / "checkpoints").iterdir())
+    assert names == ["step_000001", "step_000002", "step_000003"]
+    for name in ("summary.json", "model/config.json", "decontamination.json"):
+        assert (full_run / name).is_file(), name
+
+
+async def test_eval_every_n_steps(tool_model_dir: Path, data: Path, tmp_path: Path) -> None:
+    cfg = _config(tool_model_dir, data, every_steps=2)
+    cfg.stages = cfg.stages[:1]
+    await _train(cfg, tmp_path / "run")
+    assert [r["step"] for r in _metrics(tmp_path / "run") if r.get("eval")] == [0, 2]
+
+
+async def test_resume_from_a_checkpoint_repeats_the_run(
+    tool_model_dir: Path, data: Path, full_run: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(full_run, run_dir)
+    for later in ("step_000002", "step_000003"):  # as if it had died after step 1
+        shutil.rmtree(run_dir / "checkpoints" / later)
+    for produced in ("model", "summary.json", "curves.png"):
+        path = run_dir / produced
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    await _train(_config(tool_model_dir, data, every_steps=0), run_dir, resume=True)
+    assert _metrics(run_dir) == _metrics(full_run)

@@ -27,10 +27,10 @@ import contextlib
 import copy
 import json
 import signal
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from rstar2 import recipe
 from rstar2.agent.loop import AgentSettings, Trajectory
@@ -47,6 +47,7 @@ from rstar2.trainer.problems import DECONTAMINATION, load_eval_problems, load_tr
 from rstar2.trainer.records import StepClock, step_record, summary_line
 from rstar2.trainer.rollout import collect, load_rollouts, save_rollouts
 from rstar2.trainer.sinks import MetricSinks
+from rstar2.trainer.stopping import Stopped, StopRequest
 from rstar2.trainer.wiring import (
     agent_settings,
     bucket_bytes,
@@ -54,12 +55,6 @@ from rstar2.trainer.wiring import (
     learner_settings,
     services_spec,
 )
-
-T = TypeVar("T")
-
-
-class Stopped(Exception):
-    """A stop was requested (SIGTERM); the run checkpoints and returns."""
 
 
 class Trainer:
@@ -81,7 +76,7 @@ class Trainer:
         self.policy_path = cfg.model.path
         self.state = st.TrainerState()
         self.sinks: MetricSinks | None = None
-        self._stop = asyncio.Event()
+        self._stop = StopRequest()
         self.checkpointer = Checkpointer(run_dir, cfg.checkpoint.keep_last)
 
     # ---- set-up ----
@@ -152,7 +147,7 @@ class Trainer:
     def request_stop(self) -> None:
         """Stop at the next safe point (SIGTERM): rollouts in flight are cancelled and their
         step undone; a step already learning finishes. Then a checkpoint, and run() returns."""
-        self._stop.set()
+        self._stop.request()
 
     async def run(self) -> dict[str, Any]:
         try:
@@ -182,9 +177,9 @@ class Trainer:
                     shuffle=cfg.data.shuffle,
                 )
                 while state.stage_step < stage.num_steps:
-                    self._check_stop()
+                    self._stop.check()
                     await self.step(stage, sampler)
-                    self._check_stop()
+                    self._stop.check()
             if state.last_eval_step != state.step:
                 await self.evaluate(state.step)
             if not self.checkpointer.has(state.step):
@@ -313,7 +308,7 @@ class Trainer:
         with tqdm(
             total=len(problems) * n, desc=desc, unit="traj", leave=False, disable=self.quiet
         ) as bar:
-            return await self._unless_stopped(
+            return await self._stop.unless(
                 collect(
                     [self.train.prompts[p] for p in problems],
                     [self.train.truths[p] for p in problems],
@@ -346,24 +341,6 @@ class Trainer:
         self._log({"step": step, "eval": True, **out})
         self.state.last_eval_step = step
         return out
-
-    async def _unless_stopped(self, work: Coroutine[Any, Any, T]) -> T:
-        """``work``'s result, unless a stop is requested first: then it is cancelled and
-        Stopped raised."""
-        task = asyncio.ensure_future(work)
-        stop = asyncio.ensure_future(self._stop.wait())
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            raise Stopped
-        return task.result()
-
-    def _check_stop(self) -> None:
-        if self._stop.is_set():
-            raise Stopped
 
     def checkpoint(self) -> Path:
         return self.checkpointer.save(self.learner, self.state, self.rng)

@@ -1,0 +1,49 @@
+"""A stop request (SIGTERM) and the two ways the trainer honours it.
+
+Guarantees: :meth:`StopRequest.unless` cancels work that is still running when a stop is
+requested and raises :class:`Stopped`; :meth:`StopRequest.check` raises it between steps. What
+was cancelled must be undone by the caller (the trainer restores the step's state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class Stopped(Exception):
+    """A stop was requested; the run checkpoints and returns."""
+
+
+class StopRequest:
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def request(self) -> None:
+        self._event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    def check(self) -> None:
+        if self._event.is_set():
+            raise Stopped
+
+    async def unless(self, work: Coroutine[Any, Any, T]) -> T:
+        """``work``'s result, unless a stop is requested first: then it is cancelled and
+        Stopped raised."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._event.wait())
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise Stopped
+        return task.result()

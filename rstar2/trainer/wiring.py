@@ -27,13 +27,13 @@ def check_supported(cfg: Config) -> None:
     c = cfg.cluster
     if c.num_nodes > 1 and not c.ray:
         raise ConfigError("cluster.num_nodes", "more than one node needs cluster.ray: true")
-    if c.accelerator != "cpu" and not c.ray:
-        wanted = cfg.rollout.num_engines * cfg.rollout.tensor_parallel_size + 1
+    if c.accelerator != "cpu" and not c.ray:  # the learner may share a GPU with an engine
+        wanted = cfg.rollout.num_engines * cfg.rollout.tensor_parallel_size
         if wanted > c.gpus_per_node:
             raise ConfigError(
                 "cluster.gpus_per_node",
-                f"{c.gpus_per_node} GPUs, but the engines and the learner need {wanted} "
-                "(rollout.num_engines x rollout.tensor_parallel_size + 1)",
+                f"{c.gpus_per_node} GPUs, but the engines need {wanted} "
+                "(rollout.num_engines x rollout.tensor_parallel_size)",
             )
     if cfg.algorithm.kl_coef > 0 or cfg.algorithm.entropy_coef > 0:
         raise ConfigError(

@@ -198,3 +198,26 @@ def test_every_config_field_is_read_somewhere() -> None:
 
     unread = [path for path in leaves(Config, "") if path.rsplit(".", 1)[-1] not in read]
     assert unread == []
+
+
+def test_train_refuses_what_this_build_cannot_run_as_configured() -> None:
+    from rstar2.trainer.wiring import check_supported
+
+    def cfg(**sections: dict[str, object]) -> Config:
+        return Config.model_validate(sections)
+
+    check_supported(cfg(cluster={"accelerator": "cuda", "gpus_per_node": 1}))  # shares the GPU
+    cases = {
+        "learner.tensor_parallel_size": cfg(learner={"tensor_parallel_size": 2}),
+        "learner.pipeline_parallel_size": cfg(learner={"pipeline_parallel_size": 2}),
+        "cluster.num_nodes": cfg(cluster={"num_nodes": 2}),
+        "cluster.gpus_per_node": cfg(
+            cluster={"accelerator": "cuda", "gpus_per_node": 2}, rollout={"num_engines": 3}
+        ),
+        "learner.backend": cfg(learner={"backend": "megatron"}),
+    }
+    for key, config in cases.items():
+        with pytest.raises(ConfigError) as err:
+            check_supported(config)
+        assert err.value.key == key
+    check_supported(cfg(cluster={"num_nodes": 2, "ray": True}))

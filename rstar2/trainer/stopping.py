@@ -39,11 +39,20 @@ class StopRequest:
         Stopped raised."""
         task = asyncio.ensure_future(work)
         stop = asyncio.ensure_future(self._event.wait())
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # we were cancelled (e.g. a failed background task): so is work
+            await _cancel(task)
+            raise
+        finally:
+            stop.cancel()
         if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await _cancel(task)
             raise Stopped
         return task.result()
+
+
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

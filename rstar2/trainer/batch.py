@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from rstar2.agent.loop import Trajectory
 from rstar2.algo.advantage import grpo_advantages
 from rstar2.algo.roc import TraceStats, all_rewards_equal, downsample, penalty_terms
 from rstar2.config import AlgorithmConfig, AugmentationConfig
@@ -25,43 +26,44 @@ from rstar2.learner.protocol import TrainSequence
 
 @dataclass
 class Rollout:
-    """One finished trajectory with its reward: everything training and the metrics need.
+    """One finished trajectory (the agent loop's own :class:`Trajectory`, not a copy) with its
+    place in the step (``group``: the prompt, ``sample``: which of its samples) and its reward.
 
     JSON-serialisable (:meth:`to_json` / :meth:`from_json`): the record/replay seam writes it.
     """
 
     group: int
     sample: int
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float]
+    trajectory: Trajectory
     reward: float
-    num_turns: int
-    num_tool_calls: int
-    num_tool_errors: int
-    num_answer_pairs: int
-    finish_reason: str
-    time_generate_s: float = 0.0
-    time_tool_s: float = 0.0
     time_reward_s: float = 0.0
 
     @property
+    def prompt_ids(self) -> list[int]:
+        return self.trajectory.prompt_ids
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.trajectory.response_ids
+
+    @property
     def stats(self) -> TraceStats:
+        t = self.trajectory
         return TraceStats(
             reward=self.reward,
-            num_tool_calls=self.num_tool_calls,
-            num_tool_errors=self.num_tool_errors,
-            num_answer_pairs=self.num_answer_pairs,
-            num_turns=self.num_turns,
+            num_tool_calls=t.num_tool_calls,
+            num_tool_errors=t.num_tool_errors,
+            num_answer_pairs=t.num_answer_pairs,
+            num_turns=t.num_turns,
         )
 
     def sequence(self, advantage: float) -> TrainSequence:
-        n = len(self.prompt_ids)
+        t = self.trajectory
+        n = len(t.prompt_ids)
         return TrainSequence(
-            token_ids=self.prompt_ids + self.response_ids,
-            loss_mask=[0] * n + self.loss_mask,
-            old_logprobs=[0.0] * n + self.logprobs,
+            token_ids=t.prompt_ids + t.response_ids,
+            loss_mask=[0] * n + t.loss_mask,
+            old_logprobs=[0.0] * n + t.logprobs,
             advantage=advantage,
         )
 
@@ -70,11 +72,31 @@ class Rollout:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Rollout:
-        names = {f.name for f in fields(cls)}
-        missing = names - set(data) - {"time_generate_s", "time_tool_s", "time_reward_s"}
+        """A record of :meth:`to_json`, or of the flat form earlier versions wrote."""
+        traj = data.get("trajectory")
+        if traj is None:  # flat: the trajectory's fields beside the rollout's
+            traj = {k: v for k, v in data.items() if k in _TRAJECTORY_FIELDS}
+        missing = _REQUIRED - set(traj)
+        missing |= {"group", "sample", "reward"} - set(data)
         if missing:
             raise ValueError(f"a rollout record lacks {sorted(missing)}")
-        return cls(**{k: v for k, v in data.items() if k in names})
+        trajectory = Trajectory(**{k: v for k, v in traj.items() if k in _TRAJECTORY_FIELDS})
+        trajectory.tool_calls = [tuple(c) for c in trajectory.tool_calls]  # type: ignore[misc]
+        trajectory.spans = [tuple(s) for s in trajectory.spans]  # type: ignore[misc]
+        return cls(
+            group=int(data["group"]),
+            sample=int(data["sample"]),
+            trajectory=trajectory,
+            reward=float(data["reward"]),
+            time_reward_s=float(data.get("time_reward_s", 0.0)),
+        )
+
+
+_TRAJECTORY_FIELDS = {f.name for f in fields(Trajectory)}
+_REQUIRED = {
+    *("prompt_ids", "response_ids", "loss_mask", "logprobs", "num_turns"),
+    *("num_tool_calls", "num_tool_errors", "num_answer_pairs", "finish_reason"),
+}
 
 
 @dataclass
@@ -137,24 +159,28 @@ def select(
 def rollout_metrics(groups: Sequence[Sequence[Rollout]]) -> dict[str, float]:
     """Per-step figures over every rollout of the step (before selection)."""
     rollouts = [r for g in groups for r in g]
-    calls = sum(r.num_tool_calls for r in rollouts)
+    calls = sum(r.trajectory.num_tool_calls for r in rollouts)
     return {
         "reward_mean": _mean([r.reward for r in rollouts]),
         "solve_all_ratio": _mean([float(all(r.reward > 0 for r in g)) for g in groups if g]),
         "solve_none_ratio": _mean([float(all(r.reward <= 0 for r in g)) for g in groups if g]),
-        "tool_calls_per_traj": _mean([float(r.num_tool_calls) for r in rollouts]),
-        "tool_error_ratio": sum(r.num_tool_errors for r in rollouts) / calls if calls else 0.0,
-        "turns_per_traj": _mean([float(r.num_turns) for r in rollouts]),
+        "tool_calls_per_traj": _mean([float(r.trajectory.num_tool_calls) for r in rollouts]),
+        "tool_error_ratio": sum(r.trajectory.num_tool_errors for r in rollouts) / calls
+        if calls
+        else 0.0,
+        "turns_per_traj": _mean([float(r.trajectory.num_turns) for r in rollouts]),
         "response_tokens_mean": _mean([float(len(r.response_ids)) for r in rollouts]),
         "response_tokens_max": float(max((len(r.response_ids) for r in rollouts), default=0)),
-        "length_finish_ratio": _mean([float(r.finish_reason == "length") for r in rollouts]),
+        "length_finish_ratio": _mean(
+            [float(r.trajectory.finish_reason == "length") for r in rollouts]
+        ),
         "num_trajectories": float(len(rollouts)),
     }
 
 
 def _error_ratio(rollouts: Sequence[Rollout]) -> float:
-    calls = sum(r.num_tool_calls for r in rollouts)
-    return sum(r.num_tool_errors for r in rollouts) / calls if calls else 0.0
+    calls = sum(r.trajectory.num_tool_calls for r in rollouts)
+    return sum(r.trajectory.num_tool_errors for r in rollouts) / calls if calls else 0.0
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -43,7 +43,7 @@ def step_record(
 ) -> dict[str, Any]:
     rollouts = [r for g in groups for r in g]
     total_tokens = sum(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
-    sampled = sum(sum(r.loss_mask) for r in rollouts)
+    sampled = sum(sum(r.trajectory.loss_mask) for r in rollouts)
     elapsed = clock.elapsed()
     time_rollout = clock.phases.get("rollout", 0.0)
     return {
@@ -55,8 +55,8 @@ def step_record(
         **{f"actor/{k}": v for k, v in learned.items() if k != "step"},
         "updated": bool(selected.sequences),
         "time_rollout_s": time_rollout,
-        "time_generate_s": sum(r.time_generate_s for r in rollouts),
-        "time_tool_s": sum(r.time_tool_s for r in rollouts),
+        "time_generate_s": sum(r.trajectory.time_generate_s for r in rollouts),
+        "time_tool_s": sum(r.trajectory.time_tool_s for r in rollouts),
         "time_reward_s": sum(r.time_reward_s for r in rollouts),
         "time_learn_s": clock.phases.get("learn", 0.0),
         "time_sync_s": clock.phases.get("sync", 0.0),

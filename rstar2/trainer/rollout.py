@@ -53,18 +53,8 @@ async def collect(
         return Rollout(
             group=g,
             sample=k,
-            prompt_ids=list(traj.prompt_ids),
-            response_ids=traj.response_ids,
-            loss_mask=traj.loss_mask,
-            logprobs=traj.logprobs,
+            trajectory=traj,
             reward=float(reward),
-            num_turns=traj.num_turns,
-            num_tool_calls=traj.num_tool_calls,
-            num_tool_errors=traj.num_tool_errors,
-            num_answer_pairs=traj.num_answer_pairs,
-            finish_reason=traj.finish_reason,
-            time_generate_s=traj.time_generate_s,
-            time_tool_s=traj.time_tool_s,
             time_reward_s=time.perf_counter() - start,
         )
 

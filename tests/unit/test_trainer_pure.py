@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rstar2.agent.loop import Trajectory
 from rstar2.config import AlgorithmConfig, AugmentationConfig, DownSamplingConfig
 from rstar2.data.schema import DataError
 from rstar2.trainer import state as st
@@ -20,20 +21,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _rollout(group: int, sample: int, reward: float, calls: int = 1, errors: int = 0) -> Rollout:
-    return Rollout(
-        group=group,
-        sample=sample,
+    traj = Trajectory(
         prompt_ids=[1, 2, 3],
         response_ids=[4, 5, 6, 7],
         loss_mask=[1, 1, 0, 1],
         logprobs=[-0.5, -0.25, 0.0, -1.0],
-        reward=reward,
         num_turns=2,
         num_tool_calls=calls,
         num_tool_errors=errors,
         num_answer_pairs=1,
         finish_reason="stop",
     )
+    return Rollout(group=group, sample=sample, trajectory=traj, reward=reward)
 
 
 def _aug(n: int, *, down: bool = True) -> AugmentationConfig:
@@ -142,6 +141,26 @@ def test_rollouts_round_trip(tmp_path: Path) -> None:
     (tmp_path / "step_000009.jsonl").write_text('{"group": 0}\n')
     with pytest.raises(DataError, match=r"step_000009\.jsonl:1"):
         load_rollouts(tmp_path, 9)
+
+
+def test_a_flat_rollout_record_of_earlier_versions_still_loads(tmp_path: Path) -> None:
+    """Replay files written before rollouts wrapped their trajectory: the same rollout."""
+    r = _rollout(1, 2, 1.0, calls=2, errors=1)
+    t = r.trajectory
+    flat = {
+        "group": 1,
+        "sample": 2,
+        **{k: getattr(t, k) for k in ("prompt_ids", "response_ids", "loss_mask", "logprobs")},
+        "reward": 1.0,
+        **{k: getattr(t, k) for k in ("num_turns", "num_tool_calls", "num_tool_errors")},
+        "num_answer_pairs": 1,
+        "finish_reason": "stop",
+        "time_generate_s": 0.0,
+        "time_tool_s": 0.0,
+        "time_reward_s": 0.0,
+    }
+    (tmp_path / "step_000003.jsonl").write_text(json.dumps(flat) + "\n")
+    assert load_rollouts(tmp_path, 3) == [[r]]
 
 
 def test_trajectory_seeds_differ() -> None:

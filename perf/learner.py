@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from rstar2.config import OptimConfig, TorchLearnerConfig
 from rstar2.learner.protocol import TrainSequence
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 
@@ -101,11 +102,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(shape, args.attn)
     settings = TorchLearnerSettings(
         model_path="(in memory)",
-        lr=1e-6,
-        warmup_steps=0,
-        micro_batch_tokens=args.tokens,
+        optim=OptimConfig(lr=1e-6, warmup_steps=0),
+        learner=TorchLearnerConfig(
+            micro_batch_tokens_per_gpu=args.tokens,
+            activation_checkpointing=args.activation_checkpointing,
+        ),
         device=args.device,
-        activation_checkpointing=args.activation_checkpointing,
     )
     learner = TorchLearner(settings, model=model)
     vocab = int(shape["vocab_size"])

@@ -26,6 +26,7 @@ from typing import Any
 from rstar2.agent.loop import AgentSettings, run_trajectory
 from rstar2.agent.template import ChatTemplate
 from rstar2.agent.tools import tool_schema
+from rstar2.config import RolloutConfig
 from rstar2.rollout.dispatch import Dispatcher, run_scheduled
 from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
 from sandbox_pool import PoolConfig, SandboxPool
@@ -42,7 +43,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     template = ChatTemplate(AutoTokenizer.from_pretrained(model), tools=(tool_schema(),))
     engine = await VLLMEngine.create(
         VLLMEngineConfig(
-            model_path=str(model), dtype="float32", max_model_len=1024, enforce_eager=True
+            model_path=str(model),
+            dtype="float32",
+            max_model_len=1024,
+            rollout=RolloutConfig(enforce_eager=True),
         )
     )
     settings = AgentSettings(max_turns=4, max_response_tokens=400, temperature=0.7)

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from rstar2.agent.loop import AgentSettings, run_trajectory
 from rstar2.agent.template import PromptFormat
-from rstar2.config import SandboxConfig
+from rstar2.config import EmbeddedSandboxConfig, HttpSandboxConfig, SandboxConfig
 from rstar2.rollout.openai_engine import OpenAIServerConfig
 from rstar2.rollout.vllm_engine import VLLMEngineConfig
 from rstar2.runtime import Runtime
@@ -133,5 +133,5 @@ SANDBOX_REFUSAL = (
 def sandbox_section(args: argparse.Namespace) -> SandboxConfig:
     """The sandbox ``--sandbox-url`` names, else an embedded pool of two workers."""
     if args.sandbox_url:
-        return SandboxConfig(mode="http", url=args.sandbox_url)
-    return SandboxConfig(num_workers=2)
+        return HttpSandboxConfig(mode="http", url=args.sandbox_url)
+    return EmbeddedSandboxConfig(num_workers=2)

@@ -241,8 +241,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     import time
 
     from rstar2.config_io import load_config, write_resolved_config
-    from rstar2.trainer.loop import run_train
+    from rstar2.trainer.command import run_train
+    from rstar2.trainer.wiring import check_supported
 
+    if args.replay_rollouts is not None and not args.replay_rollouts.is_dir():
+        raise ConfigError("--replay-rollouts", f"{args.replay_rollouts} is not a folder")
     if args.resume is not None:
         if args.config or args.overrides or args.run_dir:
             raise ConfigError("--resume", "takes the run's own config.json; drop other options")
@@ -252,13 +255,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = load_config(run_dir / "config.json")
     else:
         cfg = load_config(args.config, args.overrides)
+        check_supported(cfg)  # before a run folder exists
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = args.run_dir or Path(cfg.runs_dir) / f"{cfg.name}-{stamp}"
         if (run_dir / "config.json").exists():
             raise ConfigError("--run-dir", f"{run_dir} already holds a run; use --resume")
         write_resolved_config(cfg, run_dir)
-    if args.replay_rollouts is not None and not args.replay_rollouts.is_dir():
-        raise ConfigError("--replay-rollouts", f"{args.replay_rollouts} is not a folder")
     print(f"run folder: {run_dir}", flush=True)
     summary = asyncio.run(
         run_train(

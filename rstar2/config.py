@@ -12,9 +12,12 @@ Loading (YAML file plus dotted ``key=value`` overrides) lives in :mod:`rstar2.co
 
 from __future__ import annotations
 
-from typing import Literal
+import types
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from rstar2.agent.template import PromptFormat
 
@@ -151,21 +154,24 @@ class AgentConfig(_Section):
         )
 
 
-class SandboxConfig(_Section):
-    mode: Literal["embedded", "http"] = Field(
-        "embedded",
-        description="Run tool code in-process (embedded pool) or via a sandbox-pool URL.",
-    )
-    url: str | None = Field(None, description="sandbox-pool server URL when mode is http.")
-    num_workers: int = Field(
-        0, ge=0, description="Warm executors of the embedded pool; 0 means one per CPU core."
-    )
+class _SandboxSection(_Section):
+    """What every sandbox mode shares: the limits each tool call is sent with."""
+
     max_execution_time_s: float = Field(
         4.0, gt=0.0, description="Wall-clock limit of one tool call (the port uses 4 s)."
     )
     max_memory_mb: int = Field(1024, ge=64, description="Address-space cap of one tool call.")
     max_output_chars: int = Field(
         65536, ge=256, description="stdout/stderr captured per call before cutting."
+    )
+
+
+class EmbeddedSandboxConfig(_SandboxSection):
+    """An embedded sandbox pool, in the trainer's process (or a Ray actor under cluster.ray)."""
+
+    mode: Literal["embedded"] = Field("embedded", description="Tool calls run in-process.")
+    num_workers: int = Field(
+        0, ge=0, description="Warm executors of the embedded pool; 0 means one per CPU core."
     )
     unsafe_weak_isolation: bool = Field(
         False,
@@ -174,11 +180,42 @@ class SandboxConfig(_Section):
         "with the missing layer named.",
     )
 
-    @model_validator(mode="after")
-    def _url_for_http(self) -> SandboxConfig:
-        if self.mode == "http" and not self.url:
-            raise ValueError("sandbox.url is required when sandbox.mode is 'http'")
-        return self
+
+class HttpSandboxConfig(_SandboxSection):
+    """A running `sandbox-pool serve` (or a code-judge-compatible service) at ``url``."""
+
+    mode: Literal["http"] = Field(description="Tool calls go to a sandbox-pool server.")
+    url: str = Field(description="sandbox-pool server URL, e.g. http://sandbox:8088.")
+
+
+class RedisSandboxConfig(_SandboxSection):
+    """Calls queued in Redis and served by `sandbox-pool worker --redis URL` processes."""
+
+    mode: Literal["redis"] = Field(description="Tool calls go through a Redis queue.")
+    redis_url: str = Field(description="Redis URL of the queue, e.g. redis://host:6379/0.")
+    max_wait_s: float = Field(
+        600.0, gt=0.0, description="A call no worker answered within this long fails."
+    )
+
+
+def _tag_of(field: str, default: str) -> Callable[[Any], str]:
+    """The discriminator of a tagged section: its ``field``, ``default`` where it is unset."""
+
+    def tag(value: Any) -> str:
+        if isinstance(value, dict):
+            return str(value.get(field, default))
+        return str(getattr(value, field, default))
+
+    return tag
+
+
+SandboxConfig = Annotated[
+    Annotated[EmbeddedSandboxConfig, Tag("embedded")]
+    | Annotated[HttpSandboxConfig, Tag("http")]
+    | Annotated[RedisSandboxConfig, Tag("redis")],
+    Discriminator(_tag_of("mode", "embedded")),
+]
+"""``sandbox:`` is one of three shapes, chosen by ``mode`` (default ``embedded``)."""
 
 
 class RewardConfig(_Section):
@@ -270,23 +307,37 @@ class OptimConfig(_Section):
     grad_clip_norm: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
 
 
-class LearnerConfig(_Section):
-    backend: Literal["torch", "megatron"] = Field(
-        "torch", description="torch (FSDP2 on HF models) or megatron (megatron-core TP/PP)."
-    )
+class _LearnerSection(_Section):
+    """What both learner backends share."""
+
     micro_batch_tokens_per_gpu: int = Field(
         16384, ge=64, description="Packed tokens per forward/backward micro-batch per GPU."
     )
     activation_checkpointing: bool = Field(True, description="Recompute activations in backward.")
-    tensor_parallel_size: int = Field(
-        1, ge=1, description="Megatron tensor parallel degree (the torch backend takes 1)."
-    )
-    pipeline_parallel_size: int = Field(
-        1, ge=1, description="Megatron pipeline parallel degree (the torch backend takes 1)."
-    )
     weight_sync_bucket_mb: int = Field(
         512, ge=1, description="Upper bound of one weight-sync bucket sent to the engines."
     )
+
+
+class TorchLearnerConfig(_LearnerSection):
+    """transformers models under FSDP2 (data parallel only)."""
+
+    backend: Literal["torch"] = Field("torch", description="torch (FSDP2 on HF models).")
+
+
+class MegatronLearnerConfig(_LearnerSection):
+    """megatron-core GPTModel with tensor and pipeline parallelism."""
+
+    backend: Literal["megatron"] = Field(description="megatron (megatron-core TP/PP).")
+    tensor_parallel_size: int = Field(1, ge=1, description="Tensor parallel degree.")
+    pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline parallel degree.")
+
+
+LearnerConfig = Annotated[
+    Annotated[TorchLearnerConfig, Tag("torch")] | Annotated[MegatronLearnerConfig, Tag("megatron")],
+    Discriminator(_tag_of("backend", "torch")),
+]
+"""``learner:`` is one of two shapes, chosen by ``backend`` (default ``torch``)."""
 
 
 class SchedulerConfig(_Section):
@@ -386,14 +437,18 @@ class Config(_Section):
     data: DataConfig = Field(default_factory=DataConfig, description="Prompt data.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout engines.")
     agent: AgentConfig = Field(default_factory=AgentConfig, description="Multi-turn tool loop.")
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Tool execution.")
+    sandbox: SandboxConfig = Field(
+        default_factory=EmbeddedSandboxConfig, description="Tool execution."
+    )
     reward: RewardConfig = Field(default_factory=RewardConfig, description="0/1 math reward.")
     augmentation: AugmentationConfig = Field(
         default_factory=AugmentationConfig, description="GRPO-RoC down-sampling (rStar2 names)."
     )
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Loss.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer.")
-    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner backend.")
+    learner: LearnerConfig = Field(
+        default_factory=TorchLearnerConfig, description="Learner backend."
+    )
     scheduler: SchedulerConfig = Field(
         default_factory=SchedulerConfig, description="Rollout placement."
     )
@@ -411,3 +466,36 @@ class Config(_Section):
     )
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Hardware.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric sinks.")
+
+
+def section_models(annotation: Any) -> dict[str, type[BaseModel]]:
+    """The section models a field's annotation allows, by tag: ``{"torch": ..., "megatron":
+    ...}`` for a tagged section, ``{"": Model}`` for a plain (or optional) one, ``{}`` for a
+    leaf. For code that walks the tree (loading, documentation, tests)."""
+    if typing.get_origin(annotation) is Annotated:
+        inner, *extras = typing.get_args(annotation)
+        tags = [e.tag for e in extras if isinstance(e, Tag)]
+        found = section_models(inner)
+        if tags and set(found) == {""}:
+            return {tags[0]: found[""]}
+        return found
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        out: dict[str, type[BaseModel]] = {}
+        for arg in typing.get_args(annotation):
+            out |= section_models(arg)
+        return out
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {"": annotation}
+    return {}
+
+
+def discriminator_of(models: dict[str, type[BaseModel]]) -> str | None:
+    """The field naming the shape of a tagged section (``mode``, ``backend``); None if plain."""
+    if len(models) < 2:
+        return None
+    common = set.intersection(*(set(m.model_fields) for m in models.values()))
+    for name in sorted(common):
+        annotations = [m.model_fields[name].annotation for m in models.values()]
+        if all(typing.get_origin(a) is Literal for a in annotations):
+            return name
+    return None

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from rstar2.config import Config, ConfigError
+from rstar2.config import Config, ConfigError, discriminator_of, section_models
 
 _MAX_SHOWN_INPUT_CHARS = 60
 
@@ -35,7 +35,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     for item in overrides:
         key, raw = _split_override(item)
         leaf_type = _field_type(Config, key.split("."))
-        _assign(merged, key, _parse_value(raw, leaf_type))
+        value = _parse_value(raw, leaf_type)
+        _assign(merged, key, value)
+        _reshape_if_switched(merged, key, value)
     return _validate(merged, source="overrides")
 
 
@@ -72,9 +74,21 @@ def _validate(data: dict[str, Any], *, source: str) -> Config:
 
 def _to_config_error(exc: ValidationError, source: str) -> ConfigError:
     err = exc.errors()[0]
-    key = ".".join(str(p) for p in err["loc"])
+    parts, models = _schema_path(err["loc"])
+    key = ".".join(parts)
+    if err["type"] == "union_tag_invalid":
+        choices = ", ".join(repr(tag) for tag in models)
+        got = err.get("ctx", {}).get("tag")
+        tag_key = f"{key}.{discriminator_of(models) or ''}"
+        return ConfigError(tag_key, f"must be one of {choices} (got {got!r})")
     if err["type"] == "extra_forbidden":
-        return ConfigError(key, f"unknown config key (in {source})")
+        return ConfigError(key, _unknown_key_message(parts, source))
+    if err["type"] == "missing":
+        _, parent = _schema_path(parts[:-1])
+        chooser = discriminator_of(parent)
+        tag = next((t for t in err["loc"] if t in parent), None) if chooser else None
+        shape = f" when {'.'.join([*parts[:-1], chooser or ''])} is {tag!r}" if tag else ""
+        return ConfigError(key, f"required{shape} (in {source})")
     message = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] != "value_error" and "input" in err:
         shown = repr(err["input"])
@@ -82,6 +96,40 @@ def _to_config_error(exc: ValidationError, source: str) -> ConfigError:
             shown = shown[:_MAX_SHOWN_INPUT_CHARS] + "..."
         message += f" (got {shown})"
     return ConfigError(key, message)
+
+
+def _schema_path(loc: Sequence[Any]) -> tuple[list[str], dict[str, type[BaseModel]]]:
+    """A pydantic error location (or dotted key parts) as config keys, the tags of tagged
+    sections dropped, and the section models found at its end ({} at a leaf)."""
+    parts: list[str] = []
+    models: dict[str, type[BaseModel]] = {"": Config}
+    for item in loc:
+        if len(models) > 1 and item in models:
+            models = {item: models[item]}
+            continue
+        parts.append(str(item))
+        if isinstance(item, int) or str(item).isdigit():
+            continue  # a list index: the element's models were set by the list's field
+        fields = {n: f for m in models.values() for n, f in m.model_fields.items()}
+        if item not in fields:
+            models = {}
+            continue
+        annotation = fields[item].annotation
+        if typing.get_origin(annotation) is list:
+            annotation = typing.get_args(annotation)[0]
+        models = section_models(annotation)
+    return parts, models
+
+
+def _unknown_key_message(parts: list[str], source: str) -> str:
+    """'unknown config key', or which shape of a tagged section takes that key."""
+    _, models = _schema_path(parts[:-1])
+    field = discriminator_of(models)
+    owners = [tag for tag, m in models.items() if parts[-1] in m.model_fields]
+    if field and owners:
+        section = ".".join([*parts[:-1], field])
+        return f"only {section} {' or '.join(map(repr, owners))} has this key (in {source})"
+    return f"unknown config key (in {source})"
 
 
 def _split_override(item: str) -> tuple[str, str]:
@@ -102,13 +150,14 @@ def _unwrap_optional(tp: Any) -> Any:
 
 
 def _field_type(model: type[BaseModel], parts: list[str]) -> Any:
-    """Type annotation at the dotted path ``parts`` of ``model``; ConfigError if absent."""
+    """Type annotation at the dotted path ``parts`` of ``model``; ConfigError if absent. In a
+    tagged section a key of any of its shapes is accepted here (validation checks the shape)."""
     tp: Any = model
     for depth, part in enumerate(parts):
-        tp = _unwrap_optional(tp)
         here = ".".join(parts[: depth + 1])
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            fields = tp.model_fields
+        models = section_models(tp)
+        if models:
+            fields = {n: f for m in models.values() for n, f in m.model_fields.items()}
             if part not in fields:
                 hint = difflib.get_close_matches(part, list(fields), n=1)
                 extra = f"; did you mean '{'.'.join([*parts[:depth], hint[0]])}'?" if hint else ""
@@ -121,6 +170,21 @@ def _field_type(model: type[BaseModel], parts: list[str]) -> Any:
         else:
             raise ConfigError(".".join(parts), f"unknown config key ('{here}' has no sub-keys)")
     return tp
+
+
+def _reshape_if_switched(data: dict[str, Any], key: str, value: Any) -> None:
+    """After ``learner.backend=megatron`` (a tagged section's shape changed by an override),
+    drop the section's keys the new shape does not have; the shared ones are kept."""
+    parts = key.split(".")
+    _, models = _schema_path(parts[:-1])
+    if discriminator_of(models) != parts[-1] or value not in models:
+        return
+    node: Any = data
+    for part in parts[:-1]:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    keep = models[value].model_fields
+    for name in [n for n in node if n not in keep]:
+        del node[name]
 
 
 def _parse_value(raw: str, leaf_type: Any) -> Any:

@@ -27,10 +27,18 @@ def max_model_len(cfg: Config) -> int:
     return cfg.data.max_prompt_tokens + longest + 64
 
 
-def initial_policy(cfg: Config, run_dir: Path, say: Say, *, quiet: bool = False) -> str:
+def initial_policy(
+    cfg: Config,
+    run_dir: Path,
+    say: Say,
+    *,
+    quiet: bool = False,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> str:
     """The folder RL starts from: ``model.path`` (built first when ``model.tiny`` is set and the
     folder is empty), or the SFT model in ``run_dir/sft`` when ``sft.data`` is set (trained
-    once; a resumed run reuses it)."""
+    once; a resumed run reuses it). SFT asks ``should_stop`` between steps
+    (:class:`~rstar2.sft.SftStopped`)."""
     base = Path(cfg.model.path)
     if cfg.model.tiny is not None and not (base / "config.json").is_file():
         say(f"building a tiny model in {base}")
@@ -46,7 +54,7 @@ def initial_policy(cfg: Config, run_dir: Path, say: Say, *, quiet: bool = False)
 
         say(f"sft: {len(cfg.sft.data)} file(s) -> {sft_dir}")
         sft_dir.mkdir(parents=True, exist_ok=True)
-        result = run_sft(cfg, sft_dir, quiet=quiet)
+        result = run_sft(cfg, sft_dir, quiet=quiet, should_stop=should_stop)
         summary.write_text(json.dumps(result, indent=2) + "\n")
         say(
             f"sft: {result['steps']} steps, nll {result['first_nll']:.3f} -> "

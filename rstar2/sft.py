@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +106,20 @@ def build_sequences(
     return seqs, skipped
 
 
-def run_sft(cfg: Config, run_dir: Path, *, quiet: bool = False) -> dict[str, Any]:
-    """Train ``cfg.model.path`` on ``cfg.sft.data``; writes the run folder (module docstring)."""
+class SftStopped(Exception):
+    """SFT was asked to stop (SIGTERM) before it finished; nothing of it is kept."""
+
+
+def run_sft(
+    cfg: Config,
+    run_dir: Path,
+    *,
+    quiet: bool = False,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> dict[str, Any]:
+    """Train ``cfg.model.path`` on ``cfg.sft.data``; writes the run folder (module docstring).
+    ``should_stop`` is asked between optimizer steps; when it says yes, :class:`SftStopped` is
+    raised and no model is written (SFT keeps no checkpoints: it starts over next time)."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
@@ -125,7 +137,11 @@ def run_sft(cfg: Config, run_dir: Path, *, quiet: bool = False) -> dict[str, Any
         raise DataError(f"no conversation fits sft.max_seq_tokens={cfg.sft.max_seq_tokens}")
     learner = TorchLearner(
         TorchLearnerSettings.from_config(
-            cfg, cfg.model.path, lr=cfg.sft.lr, warmup_steps=cfg.sft.warmup_steps
+            cfg,
+            cfg.model.path,
+            optim=cfg.optim.model_copy(
+                update={"lr": cfg.sft.lr, "warmup_steps": cfg.sft.warmup_steps}
+            ),
         )
     )
     rng = random.Random(cfg.seed)
@@ -143,6 +159,8 @@ def run_sft(cfg: Config, run_dir: Path, *, quiet: bool = False) -> dict[str, Any
             order = list(range(len(seqs)))
             rng.shuffle(order)
             for s in range(steps_per_epoch):
+                if should_stop():
+                    raise SftStopped(f"SFT stopped after {bar.n} of {total_steps} steps")
                 batch = [seqs[i] for i in order[s * per_step : (s + 1) * per_step]]
                 metrics = learner.sft_step(batch)
                 first_nll = metrics["nll"] if first_nll is None else first_nll

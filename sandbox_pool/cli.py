@@ -194,9 +194,9 @@ async def _serve(args: argparse.Namespace) -> None:
         worker.stop()
         await worker_task
     if dispatcher is not None:
-        await dispatcher.close()
+        await dispatcher.aclose()
     if pool is not None:
-        await pool.close()
+        await pool.aclose()
 
 
 async def _worker(args: argparse.Namespace) -> None:

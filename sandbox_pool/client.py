@@ -50,9 +50,9 @@ class SandboxClient(SandboxAPI):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self.aclose()
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Send what is queued, wait for in-flight requests, close the session."""
         if self._closed:
             return

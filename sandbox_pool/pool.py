@@ -103,7 +103,7 @@ class SandboxPool(SandboxAPI):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self.aclose()
 
     async def start(self) -> None:
         """Launch both zygotes and wait until each has a ready child (idempotent)."""
@@ -113,7 +113,7 @@ class SandboxPool(SandboxAPI):
             child = await zygote.take(self.config.startup_timeout_s)
             zygote.ready.put_nowait(child)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Let in-flight calls finish, then stop the zygotes. Safe to call twice."""
         if self._closed:
             return

@@ -62,6 +62,9 @@ class RedisConfig:
     heartbeat_s: float = 1.0
 
 
+_BLPOP_TIMEOUT_S = 1
+
+
 def _connect(url: str, max_connections: int = 32) -> aioredis.Redis:
     """A client whose callers wait for a free connection instead of failing past the cap."""
     pool = aioredis.BlockingConnectionPool.from_url(
@@ -88,6 +91,7 @@ class RedisDispatcher:
         self._slots = 0
         self._lag = 0
         self._status_task: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
         self.results_received = 0  # every result message, duplicates included (there are none)
 
     async def start(self) -> None:
@@ -96,12 +100,20 @@ class RedisDispatcher:
         self._listener = asyncio.create_task(self._listen())
         self._status_task = asyncio.create_task(self._refresh_workers())
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
+        """Stop listening and close the connections. The loops are asked to stop, not
+        cancelled: redis-py's asyncio client can hang when a blocking command (BLPOP) is
+        cancelled mid-read (redis/redis-py#2579, #2028), so they finish their current
+        one-second BLPOP and exit; a cancel is only the fallback past that."""
+        self._closing.set()
         for task in (self._listener, self._status_task):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(task), _BLPOP_TIMEOUT_S + 10.0)
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
         await self._client.aclose()
 
     async def execute(self, request: ExecRequest) -> ExecResult:
@@ -143,8 +155,8 @@ class RedisDispatcher:
         key = PREFIX + "results:" + self.node
         conn = _connect(self.config.url, max_connections=1)
         try:
-            while True:
-                item = await conn.blpop([key], timeout=1)
+            while not self._closing.is_set():
+                item = await conn.blpop([key], timeout=_BLPOP_TIMEOUT_S)
                 if item is None:
                     continue
                 msg = json.loads(item[1])
@@ -156,9 +168,10 @@ class RedisDispatcher:
             await conn.aclose()
 
     async def _refresh_workers(self) -> None:
-        while True:
+        while not self._closing.is_set():
             await self.refresh()
-            await asyncio.sleep(self.config.heartbeat_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self.config.heartbeat_s)
 
 
 class RedisWorker:
@@ -183,6 +196,10 @@ class RedisWorker:
         loops = [self._consume(), self._reclaim(), self._heartbeat()]
         tasks = [asyncio.create_task(c) for c in loops]
         await self._stopping.wait()
+        # the consumer sees the stop after its current blocking read; cancelling that read
+        # can wedge redis-py's connection (see RedisDispatcher.aclose)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(tasks[0]), _BLPOP_TIMEOUT_S + 10.0)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -196,12 +213,12 @@ class RedisWorker:
         self._stopping.set()
 
     async def _consume(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             await self._slots.acquire()  # wait for a free slot, then read as many as are free
             self._slots.release()
             free = max(1, self._capacity - len(self._tasks))
             reply: Any = await self._client.xreadgroup(  # RESP2: [[stream, messages]]
-                GROUP, self.name, {STREAM: ">"}, count=free, block=1000
+                GROUP, self.name, {STREAM: ">"}, count=free, block=_BLPOP_TIMEOUT_S * 1000
             )
             for _stream, messages in reply or []:
                 for msg_id, fields in messages:

@@ -48,7 +48,10 @@ class AgentSettings:
     tool_response_max_chars: int = 256
     tool_response_truncate_side: Literal["left", "middle", "right"] = "middle"
     tool_response_execution_time: bool = True
+    # the limits every tool call is sent with (None: the sandbox's own)
     tool_timeout_s: float | None = None
+    tool_memory_mb: int | None = None
+    tool_max_output_chars: int | None = None
 
 
 @dataclass
@@ -162,7 +165,13 @@ async def _run_tools(
             traj.num_tool_errors += 1
             return call.message
         result = await sandbox.execute(
-            ExecRequest(code=call.code, stdin=call.stdin, timeout_s=settings.tool_timeout_s)
+            ExecRequest(
+                code=call.code,
+                stdin=call.stdin,
+                timeout_s=settings.tool_timeout_s,
+                memory_mb=settings.tool_memory_mb,
+                max_output_chars=settings.tool_max_output_chars,
+            )
         )
         if result.status != "ok" or result.exit_code != 0:
             traj.num_tool_errors += 1

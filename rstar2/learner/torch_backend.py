@@ -1,7 +1,7 @@
 """The torch learner: a transformers causal LM (Qwen3 / Qwen2 from an HF folder), FSDP2 when
 several ranks run it (``torchrun``; gloo on CPU, NCCL/RCCL on GPU).
 
-- Sequences are packed into rows of at most ``micro_batch_tokens`` tokens with per-sequence
+- Sequences are packed into rows of at most ``micro_batch_tokens_per_gpu`` tokens with per-sequence
   position ids (:mod:`rstar2.learner.packing`); gradients accumulate over the micro-batches and
   one AdamW step (linear warm-up, global grad-norm clip) follows.
 - The loss is :func:`rstar2.algo.loss.policy_loss`, aggregated exactly as over the whole batch
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from rstar2.algo.loss import LossSettings, policy_loss
-from rstar2.config import LearnerConfig
+from rstar2.algo.loss import LossSettings, policy_loss, settings_from_config
+from rstar2.config import ConfigError, OptimConfig, TorchLearnerConfig
 from rstar2.learner.packing import MicroBatch, pack, plan, unpack
 from rstar2.learner.protocol import TrainSequence
 
@@ -34,14 +34,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class TorchLearnerSettings:
+    """The learner's own config sections, whole, plus what the run decides: which weights,
+    which device, the loss (from ``algorithm``) and the seed. SFT passes an ``optim`` with its
+    own learning rate and warm-up."""
+
     model_path: str
-    lr: float = 1e-6
-    warmup_steps: int = 20
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip_norm: float = 1.0
-    micro_batch_tokens: int = 16384
-    activation_checkpointing: bool = LearnerConfig.model_fields["activation_checkpointing"].default
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    learner: TorchLearnerConfig = field(default_factory=TorchLearnerConfig)
     loss: LossSettings = field(default_factory=LossSettings)
     device: str = "auto"  # "auto": cuda when available, else cpu
     bf16_autocast: bool = True  # on GPU; parameters and optimizer state stay fp32
@@ -52,26 +51,16 @@ class TorchLearnerSettings:
 
     @classmethod
     def from_config(
-        cls, cfg: Config, model_path: str, *, lr: float, warmup_steps: int
+        cls, cfg: Config, model_path: str, *, optim: OptimConfig | None = None
     ) -> TorchLearnerSettings:
-        """The settings a run's config gives (optimizer, micro-batches, loss, device); the
-        learning rate and warm-up differ between SFT and RL, so the caller names them."""
-        a = cfg.algorithm
+        """The settings a run's config gives; ``optim`` replaces ``cfg.optim`` (SFT's)."""
+        if not isinstance(cfg.learner, TorchLearnerConfig):
+            raise ConfigError("learner.backend", "this learner is the torch backend")
         return cls(
             model_path=model_path,
-            lr=lr,
-            warmup_steps=warmup_steps,
-            weight_decay=cfg.optim.weight_decay,
-            betas=cfg.optim.betas,
-            grad_clip_norm=cfg.optim.grad_clip_norm,
-            micro_batch_tokens=cfg.learner.micro_batch_tokens_per_gpu,
-            activation_checkpointing=cfg.learner.activation_checkpointing,
-            loss=LossSettings(
-                clip_ratio_low=a.clip_ratio_low,
-                clip_ratio_high=a.clip_ratio_high,
-                dual_clip_c=a.dual_clip_c,
-                loss_agg_mode=a.loss_agg_mode,
-            ),
+            optim=optim or cfg.optim,
+            learner=cfg.learner,
+            loss=settings_from_config(cfg.algorithm),
             device="cpu" if cfg.cluster.accelerator == "cpu" else "auto",
             seed=cfg.seed,
         )
@@ -99,7 +88,7 @@ class TorchLearner:
                     attn_implementation=_attention(settings.attn_implementation, self.device),
                 )
         model.config.use_cache = False
-        if settings.activation_checkpointing:
+        if settings.learner.activation_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
@@ -123,11 +112,11 @@ class TorchLearner:
         settings = self.settings
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
-            lr=settings.lr,
-            betas=settings.betas,
-            weight_decay=settings.weight_decay,
+            lr=settings.optim.lr,
+            betas=settings.optim.betas,
+            weight_decay=settings.optim.weight_decay,
         )
-        warmup = settings.warmup_steps
+        warmup = settings.optim.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
         )
@@ -149,7 +138,9 @@ class TorchLearner:
         return (chosen - torch.logsumexp(logits, dim=-1)) * mb.valid[0]
 
     def compute_logprobs(self, batch: Sequence[TrainSequence]) -> list[list[float]]:
-        groups = plan([len(s.token_ids) for s in batch], self.settings.micro_batch_tokens)
+        groups = plan(
+            [len(s.token_ids) for s in batch], self.settings.learner.micro_batch_tokens_per_gpu
+        )
         rounds = self._max_over_ranks(len(groups))
         out: list[list[float]] = [[] for _ in batch]
         self.model.eval()
@@ -203,7 +194,9 @@ class TorchLearner:
         not real (weight 0). Gradients are reduced across ranks on the last round only."""
         if not batch:
             raise ValueError("an empty batch")
-        groups = plan([len(x.token_ids) for x in batch], self.settings.micro_batch_tokens)
+        groups = plan(
+            [len(x.token_ids) for x in batch], self.settings.learner.micro_batch_tokens_per_gpu
+        )
         rounds = self._max_over_ranks(len(groups))
         self.model.train()
         sync = getattr(self.model, "set_requires_gradient_sync", None)  # FSDP2 only
@@ -215,7 +208,7 @@ class TorchLearner:
     def _apply_update(self) -> dict[str, float]:
         """Clip the accumulated gradients, step optimizer and schedule; the step's metrics."""
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.settings.grad_clip_norm
+            self.model.parameters(), self.settings.optim.grad_clip_norm
         )
         full_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         lr = float(self.scheduler.get_last_lr()[0])

@@ -65,7 +65,7 @@ class Dispatcher:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self.aclose()
 
     def start(self) -> None:
         """Start polling engine stats (idempotent; needs a running loop)."""
@@ -77,7 +77,7 @@ class Dispatcher:
             )
             self._poller = spawn(self._poll_stats())
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         self._closed = True
         if self._poller is not None:
             self._poller.cancel()

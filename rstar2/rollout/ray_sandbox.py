@@ -29,9 +29,9 @@ class SandboxActor:
             raise RuntimeError("the sandbox actor was not started")
         return await self._pool.execute(request)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         if self._pool is not None:
-            await self._pool.close()
+            await self._pool.aclose()
 
 
 class RaySandbox:
@@ -59,14 +59,14 @@ class RaySandbox:
         result: ExecResult = await self._actor.execute.remote(request)
         return result
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Close the pool, then stop the actor (idempotent)."""
         import ray
 
         if self._actor is None:
             return
         try:
-            await self._actor.close.remote()
+            await self._actor.aclose.remote()
         finally:
             ray.kill(self._actor)
             self._actor = None

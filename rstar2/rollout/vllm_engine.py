@@ -20,9 +20,10 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from rstar2.config import RolloutConfig
 from rstar2.rollout.engine import FinishReason, Generation, KVStats, SamplingSettings
 
 WORKER_EXTENSION = "rstar2.rollout.vllm_worker_ext.WeightUpdateExtension"
@@ -30,21 +31,18 @@ WORKER_EXTENSION = "rstar2.rollout.vllm_worker_ext.WeightUpdateExtension"
 
 @dataclass(frozen=True, kw_only=True)
 class VLLMEngineConfig:
+    """One engine: the ``rollout`` section whole (eager mode, memory, TP, KV size on CPU,
+    prefix caching), plus what the run decides (weights, dtype, context length, seed)."""
+
     model_path: str
     dtype: str = "auto"
     max_model_len: int = 4096
     seed: int = 0
-    enforce_eager: bool = False
-    gpu_memory_utilization: float = 0.8
-    tensor_parallel_size: int = 1
-    kv_cache_space_gb: float = 1.0  # CPU only (vLLM's kv_cache_memory_bytes)
-    num_gpu_blocks_override: int | None = None
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    num_gpu_blocks_override: int | None = None  # tests: a KV cache of exactly this many blocks
     # Off on CPU by default: a partly prefilled request makes vLLM rewind its seeded sampler,
     # which CPU generators cannot do, so per-request seeds need whole-prompt prefills there.
     enable_chunked_prefill: bool | None = None
-    # Off: every request prefills its whole context, so its tokens cannot depend on whether a
-    # prefix was cached (KV computed in a prefill and in decode steps differs in the last bits)
-    enable_prefix_caching: bool = True
 
 
 class _EngineStats:
@@ -103,6 +101,7 @@ class VLLMEngine:
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        rollout = config.rollout
         chunked = config.enable_chunked_prefill
         if chunked is None and current_platform.is_cpu():
             chunked = False
@@ -112,17 +111,17 @@ class VLLMEngine:
             dtype=config.dtype,  # type: ignore[arg-type]  # validated by vLLM
             max_model_len=config.max_model_len,
             seed=config.seed,
-            enforce_eager=config.enforce_eager,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            tensor_parallel_size=config.tensor_parallel_size,
+            enforce_eager=rollout.enforce_eager,
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            tensor_parallel_size=rollout.tensor_parallel_size,
             num_gpu_blocks_override=config.num_gpu_blocks_override,
             worker_extension_cls=WORKER_EXTENSION,
             # one GPU: the worker runs inside the engine-core process (2 processes, not 3)
-            distributed_executor_backend="uni" if config.tensor_parallel_size == 1 else None,
-            enable_prefix_caching=config.enable_prefix_caching,
+            distributed_executor_backend="uni" if rollout.tensor_parallel_size == 1 else None,
+            enable_prefix_caching=rollout.enable_prefix_caching,
             enable_chunked_prefill=chunked,
             # this engine's own KV size (not the process-wide VLLM_CPU_KVCACHE_SPACE)
-            kv_cache_memory_bytes=round(config.kv_cache_space_gb * 2**30)
+            kv_cache_memory_bytes=round(rollout.kv_cache_space_gb * 2**30)
             if current_platform.is_cpu()
             else None,
         )

@@ -20,11 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rstar2.config import ConfigError, RewardConfig, SandboxConfig, SchedulerConfig
+from rstar2.config import (
+    ConfigError,
+    HttpSandboxConfig,
+    RedisSandboxConfig,
+    RewardConfig,
+    SandboxConfig,
+    SchedulerConfig,
+)
 from rstar2.runtime.placement import ClosableSandbox, Placement, placement_for
 
 if TYPE_CHECKING:
@@ -40,7 +47,12 @@ if TYPE_CHECKING:
 
 __all__ = ["Placement", "Runtime", "Services", "ServicesSpec", "placement_for"]
 
-_WEAK_HINT = "set it to true to run tool code with weaker isolation"
+_PROBE_TIMEOUT_S = 30.0
+# the key and hint of the error raised when an embedded pool cannot isolate calls
+_REFUSAL = (
+    "sandbox.unsafe_weak_isolation",
+    "set it to true to run tool code with weaker isolation",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,8 +65,7 @@ class ServicesSpec:
     sandbox: SandboxConfig
     reward: RewardConfig
     scheduler: SchedulerConfig
-    # the key and hint of the error raised when the sandbox refuses weak isolation
-    sandbox_refusal: tuple[str, str] = ("sandbox.unsafe_weak_isolation", _WEAK_HINT)
+    sandbox_refusal: tuple[str, str] = _REFUSAL
 
 
 @dataclass
@@ -119,16 +130,17 @@ class Runtime:
     async def sandbox(
         self,
         section: SandboxConfig,
-        refusal: tuple[str, str] = ("sandbox.unsafe_weak_isolation", _WEAK_HINT),
+        refusal: tuple[str, str] = _REFUSAL,
     ) -> AsyncIterator[ClosableSandbox]:
-        """The sandbox ``section`` names: a sandbox-pool server (``http``), else an embedded
-        pool where the placement puts it. A pool that cannot isolate calls is a ConfigError
-        under ``refusal``'s key, with its hint."""
+        """The sandbox ``section`` names: a sandbox-pool server (``http``), a Redis queue its
+        workers serve (``redis``), else an embedded pool where the placement puts it. A remote
+        service that does not answer, or a pool that cannot isolate calls, is a ConfigError
+        (the latter under ``refusal``'s key, with its hint)."""
         sandbox = await self._start_sandbox(section, refusal)
         try:
             yield sandbox
         finally:
-            await sandbox.close()
+            await sandbox.aclose()
 
     @contextlib.asynccontextmanager
     async def services(self, spec: ServicesSpec) -> AsyncIterator[Services]:
@@ -170,11 +182,19 @@ class Runtime:
     async def _start_sandbox(
         self, section: SandboxConfig, refusal: tuple[str, str]
     ) -> ClosableSandbox:
-        if section.mode == "http":
+        if isinstance(section, HttpSandboxConfig):
             from sandbox_pool.client import SandboxClient
 
-            assert section.url is not None  # the section's validator requires it
-            return SandboxClient(section.url)
+            client = SandboxClient(section.url)
+            await _reachable(client, client.health(), "sandbox.url", section.url)
+            return client
+        if isinstance(section, RedisSandboxConfig):
+            from sandbox_pool.redis_queue import RedisConfig, RedisDispatcher
+
+            queue_config = RedisConfig(url=section.redis_url, max_wait_s=section.max_wait_s)
+            queue = RedisDispatcher(queue_config)
+            await _reachable(queue, queue.start(), "sandbox.redis_url", section.redis_url)
+            return queue
         from sandbox_pool.pool import PoolConfig
         from sandbox_pool.protocol import Limits
         from sandbox_pool.zygote_client import IsolationUnavailable
@@ -193,6 +213,19 @@ class Runtime:
         except IsolationUnavailable as exc:
             key, hint = refusal
             raise ConfigError(key, f"{exc}; {hint}") from None
+
+
+async def _reachable(
+    sandbox: ClosableSandbox, probe: Awaitable[object], key: str, address: str
+) -> None:
+    """Await ``probe``; a service that does not answer is a ConfigError under ``key`` (a run
+    must not start with every tool call failing), and ``sandbox`` is closed."""
+    try:
+        await asyncio.wait_for(probe, _PROBE_TIMEOUT_S)
+    except Exception as exc:  # any failure to answer means the same to a user
+        await sandbox.aclose()
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise ConfigError(key, f"no sandbox service answers at {address} ({reason})") from None
 
 
 @contextlib.asynccontextmanager

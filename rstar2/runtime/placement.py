@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class ClosableSandbox(Sandbox, Protocol):
-    async def close(self) -> None: ...
+    async def aclose(self) -> None: ...
 
 
 class Placement(Protocol):
@@ -73,7 +73,7 @@ class LocalPlacement:
         try:
             await pool.start()
         except BaseException:
-            await pool.close()
+            await pool.aclose()
             raise
         return pool
 

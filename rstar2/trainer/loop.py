@@ -26,35 +26,26 @@ import asyncio
 import contextlib
 import copy
 import json
-import signal
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rstar2 import recipe
-from rstar2.agent.loop import AgentSettings, Trajectory
 from rstar2.agent.template import ChatTemplate
 from rstar2.config import Config, StageConfig
-from rstar2.data.schema import DataError
 from rstar2.learner.protocol import Learner, TrainSequence
-from rstar2.runtime import Runtime, Services, placement_for
+from rstar2.runtime import Runtime, Services
 from rstar2.trainer import state as st
-from rstar2.trainer.batch import Rollout, select
+from rstar2.trainer.batch import select
 from rstar2.trainer.checkpoint import METRICS, Checkpointer
 from rstar2.trainer.evaluation import evaluate_all
-from rstar2.trainer.problems import DECONTAMINATION, load_eval_problems, load_train_problems
+from rstar2.trainer.problems import load_eval_problems, load_train_problems
 from rstar2.trainer.records import StepClock, step_record, summary_line
-from rstar2.trainer.rollout import collect, load_rollouts, save_rollouts
 from rstar2.trainer.sinks import MetricSinks
+from rstar2.trainer.source import RolloutSource
 from rstar2.trainer.stopping import Stopped, StopRequest
-from rstar2.trainer.wiring import (
-    agent_settings,
-    bucket_bytes,
-    check_supported,
-    learner_settings,
-    services_spec,
-)
+from rstar2.trainer.wiring import bucket_bytes, check_supported, learner_settings, services_spec
 
 
 class Trainer:
@@ -87,7 +78,11 @@ class Trainer:
 
         check_supported(self.cfg)
         self.policy_path = recipe.initial_policy(
-            self.cfg, self.run_dir, self._say, quiet=self.quiet
+            self.cfg,
+            self.run_dir,
+            self._say,
+            quiet=self.quiet,
+            should_stop=lambda: self._stop.requested,
         )
         # model.tokenizer_path names the base model's tokenizer; SFT saves it with its model
         base_tokenizer = self.cfg.model.tokenizer_path
@@ -98,10 +93,19 @@ class Trainer:
         self.prompt_format = fmt
         self.template = fmt.template(tokenizer, self.cfg.agent.tool_name)
         self.train = load_train_problems(self.cfg, self.template, self.run_dir)
-        dropped = json.loads((self.run_dir / DECONTAMINATION).read_text())["dropped"]
-        if dropped:
+        if self.train.decontaminated:
+            dropped = self.train.decontaminated
             self._say(f"data: dropped {dropped} training problem(s) overlapping a benchmark")
         self.evals = load_eval_problems(self.cfg, self.template)
+        self.source = RolloutSource(
+            self.cfg,
+            self.train,
+            self.template,
+            self._stop,
+            save_dir=self.save_rollouts_dir,
+            replay_dir=self.replay_rollouts_dir,
+            quiet=self.quiet,
+        )
         self._learner = self.runtime.open_learner(learner_settings(self.cfg, self.policy_path))
         where = self.runtime.placement.describe_learner(self._learner)
         if where:
@@ -128,26 +132,32 @@ class Trainer:
     @contextlib.asynccontextmanager
     async def open_services(self) -> AsyncIterator[None]:
         """Engines (loaded with the learner's current weights), sandbox and scorer."""
-        if self.replay_rollouts_dir is not None:
+        if self.source.replaying:
             yield
             return
         from rstar2.learner.sync import sync_weights
 
         async with self.runtime.services(services_spec(self.cfg, self.policy_path)) as services:
-            self.services = services
+            self.services = self.source.services = services
             try:
                 if self.learner.step > 0:  # resumed: engines start from the checkpoint
                     await sync_weights(self.learner, services.engines, bucket_bytes(self.cfg))
                 yield
             finally:
-                self.services = None
+                self.services = self.source.services = None
 
     # ---- the loop ----
 
     def request_stop(self) -> None:
-        """Stop at the next safe point (SIGTERM): rollouts in flight are cancelled and their
-        step undone; a step already learning finishes. Then a checkpoint, and run() returns."""
+        """Stop at the next safe point (SIGTERM): rollouts and evaluation in flight are
+        cancelled (a cancelled step is undone, a cancelled eval runs again on resume); a step
+        already learning finishes. Then a checkpoint, and run() returns. During SFT: SFT stops
+        between its steps and nothing of it is kept."""
         self._stop.request()
+
+    def stop_from_signal(self, loop: asyncio.AbstractEventLoop) -> None:
+        """:meth:`request_stop` from a signal handler."""
+        self._stop.on_signal(loop)
 
     async def run(self) -> dict[str, Any]:
         try:
@@ -164,6 +174,8 @@ class Trainer:
         async with self.open_services():
             if state.step == 0 and not state.stage_started:
                 await self.evaluate(0)
+            elif self._eval_due(state.step) and state.last_eval_step != state.step:
+                await self.evaluate(state.step)  # a stop interrupted it: it runs again
             for index in range(state.stage_index, len(cfg.stages)):
                 stage = cfg.stages[index]
                 if state.stage_index != index:
@@ -192,14 +204,8 @@ class Trainer:
         state = self.state
         pool: list[int] | None = None
         if stage.data_filter == "hard_subset":
-            recorded = f"stage_{index}_hard_subset.json"
-            if self.replay_rollouts_dir is not None:
-                pool = _read_pool(self.replay_rollouts_dir / recorded)
-            else:
-                pool = await self.hard_subset(index, stage)
-                if self.save_rollouts_dir is not None:
-                    self.save_rollouts_dir.mkdir(parents=True, exist_ok=True)
-                    (self.save_rollouts_dir / recorded).write_text(json.dumps(pool) + "\n")
+            pool, tried = await self.source.hard_subset(index, stage)
+            self._say(f"stage {stage.name}: hard subset keeps {len(pool)} of {tried} problems")
         if stage.reset_optimizer and state.step > 0:
             self.learner.reset_optimizer()
         # reference <- policy: the loss has no KL term (checked at start), so there is no
@@ -216,19 +222,6 @@ class Trainer:
             }
         )
 
-    async def hard_subset(self, index: int, stage: StageConfig) -> list[int]:
-        """Problems the current policy does not solve k of k (k = hard_subset_num_samples)."""
-        k = stage.hard_subset_num_samples
-        problems = list(range(len(self.train.rows)))
-        groups = await self._rollouts(problems, stage, k, step=-(index + 1), desc="hard subset")
-        hard = [
-            p for p, g in zip(problems, groups, strict=True) if not all(r.reward > 0 for r in g)
-        ]
-        self._say(f"stage {stage.name}: hard subset keeps {len(hard)} of {len(problems)} problems")
-        if not hard:
-            raise DataError(f"stage {stage.name}: the policy solves every problem {k}/{k}")
-        return hard
-
     async def step(self, stage: StageConfig, sampler: st.PromptSampler) -> None:
         """Rollouts -> RoC selection -> learner step -> weight sync -> metrics
         [-> eval] [-> checkpoint]."""
@@ -237,7 +230,7 @@ class Trainer:
         before = copy.deepcopy(state)
         problems = sampler.next_batch(state, cfg.data.rollout_batch_num_prompts)
         try:
-            groups = await self._step_rollouts(problems, stage, step)
+            groups = await self.source.step_groups(problems, stage, step)
         except Stopped:  # nothing of this step happened
             vars(state).update(vars(before))
             raise
@@ -260,22 +253,10 @@ class Trainer:
         )
         self._log(record)
         self._say(summary_line(record, sum(s.num_steps for s in cfg.stages)))
-        if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
+        if self._eval_due(step):
             await self.evaluate(step)
         if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
             self.checkpoint()
-
-    async def _step_rollouts(
-        self, problems: Sequence[int], stage: StageConfig, step: int
-    ) -> list[list[Rollout]]:
-        """The step's groups: generated (and saved when recording), or replayed."""
-        if self.replay_rollouts_dir is not None:
-            return load_rollouts(self.replay_rollouts_dir, step)
-        n = self.cfg.rollout.num_samples_per_prompt
-        groups = await self._rollouts(problems, stage, n, step=step, desc=f"step {step}")
-        if self.save_rollouts_dir is not None:
-            save_rollouts(self.save_rollouts_dir, step, groups)
-        return groups
 
     def _learn(self, seqs: list[TrainSequence]) -> dict[str, float]:
         if not seqs:
@@ -291,56 +272,30 @@ class Trainer:
         if self.services is not None:
             await sync_weights(self.learner, self.services.engines, bucket_bytes(self.cfg))
 
-    async def _rollouts(
-        self, problems: Sequence[int], stage: StageConfig, n: int, *, step: int, desc: str
-    ) -> list[list[Rollout]]:
-        from tqdm import tqdm
-
-        services, template = self.services, self.template
-        assert services is not None and template is not None
-        cfg = self.cfg
-        agent = agent_settings(cfg, stage.max_turns, stage.max_response_tokens)
-        agent = replace(agent, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
-
-        async def run(prompt: list[int], settings: AgentSettings) -> Trajectory:
-            return await services.run(template, prompt, settings)
-
-        with tqdm(
-            total=len(problems) * n, desc=desc, unit="traj", leave=False, disable=self.quiet
-        ) as bar:
-            return await self._stop.unless(
-                collect(
-                    [self.train.prompts[p] for p in problems],
-                    [self.train.truths[p] for p in problems],
-                    problems,
-                    n=n,
-                    run=run,
-                    scorer=services.scorer,
-                    agent=agent,
-                    seed=self.cfg.seed,
-                    step=step,
-                    progress=bar,
-                )
-            )
-
     async def evaluate(self, step: int) -> dict[str, float]:
         """Every eval dataset at the current weights; reports under eval/step_N/."""
         if self.services is None or not self.evals:
             return {}
         assert self.template is not None
-        out = await evaluate_all(
-            self.cfg,
-            self.services,
-            self.template,
-            self.evals,
-            self.run_dir / "eval" / f"step_{step:06d}",
-            say=self._say,
-            quiet=self.quiet,
-            step=step,
+        out = await self._stop.unless(
+            evaluate_all(
+                self.cfg,
+                self.services,
+                self.template,
+                self.evals,
+                self.run_dir / "eval" / f"step_{step:06d}",
+                say=self._say,
+                quiet=self.quiet,
+                step=step,
+            )
         )
         self._log({"step": step, "eval": True, **out})
         self.state.last_eval_step = step
         return out
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.cfg.eval.every_steps
+        return bool(every) and step > 0 and step % every == 0
 
     def checkpoint(self) -> Path:
         return self.checkpointer.save(self.learner, self.state, self.rng)
@@ -355,34 +310,3 @@ class Trainer:
 
     def _say(self, line: str) -> None:
         print(line, flush=True)
-
-
-def _read_pool(path: Path) -> list[int]:
-    if not path.is_file():
-        raise DataError(f"{path} is missing: the recorded run did not save this stage's subset")
-    return [int(i) for i in json.loads(path.read_text())]
-
-
-async def run_train(
-    cfg: Config,
-    run_dir: Path,
-    *,
-    resume: bool = False,
-    save_rollouts_dir: Path | None = None,
-    replay_rollouts_dir: Path | None = None,
-    quiet: bool = False,
-) -> dict[str, Any]:
-    """Prepare and run one training run (the ``rstar2 train`` command's body)."""
-    loop = asyncio.get_running_loop()
-    async with Runtime(placement_for(cfg)) as runtime:
-        trainer = Trainer(cfg, run_dir, runtime, quiet=quiet)
-        trainer.save_rollouts_dir = save_rollouts_dir
-        trainer.replay_rollouts_dir = replay_rollouts_dir
-        loop.add_signal_handler(signal.SIGTERM, trainer.request_stop)
-        try:
-            trainer.prepare(resume=resume)
-            return await trainer.run()
-        finally:
-            loop.remove_signal_handler(signal.SIGTERM)
-            if trainer.sinks is not None:
-                trainer.sinks.close()

@@ -26,6 +26,7 @@ class Problems:
     rows: list[dict[str, Any]]
     prompts: list[list[int]]
     truths: list[str]
+    decontaminated: int = 0  # problems dropped for overlapping a benchmark
 
 
 def load_train_problems(cfg: Config, template: ChatTemplate, run_dir: Path) -> Problems:
@@ -47,7 +48,9 @@ def load_train_problems(cfg: Config, template: ChatTemplate, run_dir: Path) -> P
         rows += kept
     report["dropped"] = sum(s["dropped"] for s in report["sources"].values())
     (run_dir / DECONTAMINATION).write_text(json.dumps(report, indent=2) + "\n")
-    return _templated(rows, template, cfg.data.max_prompt_tokens, "data.train_datasets")
+    problems = _templated(rows, template, cfg.data.max_prompt_tokens, "data.train_datasets")
+    problems.decontaminated = report["dropped"]
+    return problems
 
 
 def load_eval_problems(cfg: Config, template: ChatTemplate) -> dict[str, Problems]:

@@ -3,6 +3,9 @@
 Guarantees: :meth:`StopRequest.unless` cancels work that is still running when a stop is
 requested and raises :class:`Stopped`; :meth:`StopRequest.check` raises it between steps. What
 was cancelled must be undone by the caller (the trainer restores the step's state).
+:meth:`StopRequest.on_signal` may be called from a signal handler at any point, also while
+synchronous work (SFT) holds the event loop: :attr:`requested` is true at once, and waiters in
+the loop are woken as soon as it runs again.
 """
 
 from __future__ import annotations
@@ -22,16 +25,24 @@ class Stopped(Exception):
 class StopRequest:
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self._requested = False
 
     def request(self) -> None:
+        """From the event loop's thread, outside a signal handler."""
+        self._requested = True
         self._event.set()
+
+    def on_signal(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From a signal handler: a flag now, the event set by ``loop`` when it next runs."""
+        self._requested = True
+        loop.call_soon_threadsafe(self._event.set)
 
     @property
     def requested(self) -> bool:
-        return self._event.is_set()
+        return self._requested
 
     def check(self) -> None:
-        if self._event.is_set():
+        if self._requested:
             raise Stopped
 
     async def unless(self, work: Coroutine[Any, Any, T]) -> T:

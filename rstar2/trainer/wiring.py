@@ -21,9 +21,6 @@ def check_supported(cfg: Config) -> None:
     """ConfigError for what this build cannot run as configured."""
     if cfg.learner.backend != "torch":
         raise ConfigError("learner.backend", "only 'torch' is implemented so far")
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-        if getattr(cfg.learner, key) != 1:
-            raise ConfigError(f"learner.{key}", "the torch backend takes 1 (TP/PP is megatron's)")
     c = cfg.cluster
     if c.num_nodes > 1 and not c.ray:
         raise ConfigError("cluster.num_nodes", "more than one node needs cluster.ray: true")
@@ -44,9 +41,7 @@ def check_supported(cfg: Config) -> None:
 def learner_settings(cfg: Config, model_path: str) -> TorchLearnerSettings:
     from rstar2.learner.torch_backend import TorchLearnerSettings
 
-    return TorchLearnerSettings.from_config(
-        cfg, model_path, lr=cfg.optim.lr, warmup_steps=cfg.optim.warmup_steps
-    )
+    return TorchLearnerSettings.from_config(cfg, model_path)
 
 
 def agent_settings(cfg: Config, max_turns: int, max_tokens: int) -> AgentSettings:
@@ -60,6 +55,8 @@ def agent_settings(cfg: Config, max_turns: int, max_tokens: int) -> AgentSetting
         tool_response_truncate_side=a.tool_response_truncate_side,
         tool_response_execution_time=a.tool_response_execution_time,
         tool_timeout_s=cfg.sandbox.max_execution_time_s,
+        tool_memory_mb=cfg.sandbox.max_memory_mb,
+        tool_max_output_chars=cfg.sandbox.max_output_chars,
     )
 
 
@@ -72,21 +69,16 @@ def services_spec(cfg: Config, model_path: str) -> ServicesSpec:
     scheduler sections."""
     from rstar2.rollout.vllm_engine import VLLMEngineConfig
 
-    r = cfg.rollout
     engine = VLLMEngineConfig(
         model_path=model_path,
         dtype=cfg.model.dtype,
         max_model_len=recipe.max_model_len(cfg),
         seed=cfg.seed,
-        enforce_eager=r.enforce_eager,
-        gpu_memory_utilization=r.gpu_memory_utilization,
-        tensor_parallel_size=r.tensor_parallel_size,
-        kv_cache_space_gb=r.kv_cache_space_gb,
-        enable_prefix_caching=r.enable_prefix_caching,
+        rollout=cfg.rollout,
     )
     return ServicesSpec(
         engine=engine,
-        num_engines=r.num_engines,
+        num_engines=cfg.rollout.num_engines,
         sandbox=cfg.sandbox,
         reward=cfg.reward,
         scheduler=cfg.scheduler,

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rstar2.config import OptimConfig, TorchLearnerConfig
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 from tests.helpers.learner_data import random_batch
 
@@ -26,7 +27,10 @@ def main() -> None:
     batch = random_batch(8, seed=1)
     mine = batch[rank::world]
     settings = TorchLearnerSettings(
-        model_path=model_dir, lr=1e-2, warmup_steps=0, micro_batch_tokens=64, device="cpu"
+        model_path=model_dir,
+        optim=OptimConfig(lr=1e-2, warmup_steps=0),
+        learner=TorchLearnerConfig(micro_batch_tokens_per_gpu=64),
+        device="cpu",
     )
     learner = TorchLearner(settings)
     learner.train_step(mine)

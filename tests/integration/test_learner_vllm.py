@@ -13,6 +13,7 @@ import pytest_asyncio
 
 from rstar2.agent.loop import AgentSettings, Trajectory, run_trajectory
 from rstar2.agent.template import ChatTemplate
+from rstar2.config import OptimConfig, TorchLearnerConfig
 from rstar2.learner.protocol import TrainSequence
 from rstar2.learner.sync import sync_weights
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
@@ -92,7 +93,9 @@ async def test_learner_matches_engine_before_and_after_a_step_and_sync(
 ):
     learner = TorchLearner(
         TorchLearnerSettings(
-            model_path=str(tool_model_dir), lr=1e-3, warmup_steps=0, micro_batch_tokens=2048
+            model_path=str(tool_model_dir),
+            optim=OptimConfig(lr=1e-3, warmup_steps=0),
+            learner=TorchLearnerConfig(micro_batch_tokens_per_gpu=2048),
         )
     )
     trajs = await _sample(engine, sandbox, template, 12)

@@ -11,6 +11,7 @@ import pytest
 import pytest_asyncio
 
 from rstar2.agent.loop import AgentSettings
+from rstar2.config import OptimConfig
 from rstar2.learner.protocol import TrainSequence
 from rstar2.learner.sync import sync_weights
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
@@ -60,7 +61,9 @@ async def test_dispatcher_and_weight_sync_through_ray(ray_engine, sandbox, tool_
         assert ray_engine.kv_stats().capacity_tokens > 0
 
         learner = TorchLearner(
-            TorchLearnerSettings(model_path=str(tool_model_dir), lr=1e-3, warmup_steps=0)
+            TorchLearnerSettings(
+                model_path=str(tool_model_dir), optim=OptimConfig(lr=1e-3, warmup_steps=0)
+            )
         )
         seq = TrainSequence(
             traj.prompt_ids + traj.response_ids,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2.config import ConfigError, RewardConfig, SandboxConfig, SchedulerConfig
+from rstar2.config import ConfigError, EmbeddedSandboxConfig, RewardConfig, SchedulerConfig
 from rstar2.runtime import Runtime, ServicesSpec
 from rstar2.runtime.placement import LocalPlacement
 from tests.conftest import REPO
@@ -50,7 +50,7 @@ async def test_a_sandbox_that_fails_after_the_engines_started_leaves_no_process(
     before = _descendants(os.getpid())
     spec = ServicesSpec(
         engine=engine_config(tool_model_dir, blocks=64),
-        sandbox=SandboxConfig(num_workers=1),
+        sandbox=EmbeddedSandboxConfig(num_workers=1),
         reward=RewardConfig(num_workers=1),
         scheduler=SchedulerConfig(),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import aiohttp
@@ -23,7 +24,7 @@ async def service():
     async with aiohttp.ClientSession() as session:
         yield test_server, session, server
     await test_server.close()
-    await pool.close()
+    await pool.aclose()
 
 
 def url(ts: TestServer, path: str) -> str:
@@ -198,3 +199,31 @@ async def test_cli_serve_starts_answers_and_stops(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0, proc.stderr.read()
     assert os.path.exists(sys.executable)
+
+
+async def test_the_runtime_uses_a_server_and_refuses_one_that_does_not_answer(service):
+    """``sandbox.mode: http`` in a run: the limits of the section go with every call (here a
+    memory cap the server's default would allow); a URL where nothing answers stops the run at
+    start with the key named."""
+    from rstar2.config import ConfigError, HttpSandboxConfig
+    from rstar2.runtime import Runtime
+    from rstar2.runtime.placement import LocalPlacement
+
+    ts, _, _ = service
+    async with Runtime(LocalPlacement()) as runtime:
+        section = HttpSandboxConfig(mode="http", url=url(ts, "/"))
+        async with runtime.sandbox(section) as sandbox:
+            ok = await sandbox.execute(ExecRequest(code="print('hi')", memory_mb=256))
+            big = await sandbox.execute(
+                ExecRequest(code="x = bytearray(400 * 2**20)\nprint('no')", memory_mb=256)
+            )
+        assert (ok.status, ok.stdout) == ("ok", "hi\n")
+        assert big.stdout != "no\n" and (big.status != "ok" or big.exit_code != 0)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dead = HttpSandboxConfig(mode="http", url=f"http://127.0.0.1:{port}")
+        with pytest.raises(ConfigError) as info:
+            async with runtime.sandbox(dead):
+                pass
+        assert info.value.key == "sandbox.url"

@@ -114,8 +114,33 @@ async def test_exactly_one_result_per_call_while_workers_are_killed(redis_url):
         assert await client.xlen(PREFIX + "calls") == 0
         assert dispatcher.results_received == n
     finally:
-        await dispatcher.close()
+        await dispatcher.aclose()
         for w in workers:
             if w.poll() is None:
                 os.killpg(w.pid, signal.SIGTERM)
                 w.wait(timeout=20)
+
+
+async def test_the_runtime_runs_tool_calls_through_redis_and_refuses_a_dead_url(redis_url):
+    """``sandbox.mode: redis`` in a run: calls reach a worker through the queue; a Redis that
+    does not answer stops the run at start with the key named (not a run of failing tools)."""
+    from rstar2.config import ConfigError, RedisSandboxConfig
+    from rstar2.runtime import Runtime
+    from rstar2.runtime.placement import LocalPlacement
+
+    worker = _start_worker(redis_url, "runtime")
+    try:
+        async with Runtime(LocalPlacement()) as runtime:
+            section = RedisSandboxConfig(mode="redis", redis_url=redis_url, max_wait_s=120)
+            async with runtime.sandbox(section) as sandbox:
+                result = await sandbox.execute(ExecRequest(code="print(6 * 7)", memory_mb=256))
+            assert (result.status, result.stdout) == ("ok", "42\n")
+            dead = RedisSandboxConfig(mode="redis", redis_url=f"redis://127.0.0.1:{_free_port()}/0")
+            with pytest.raises(ConfigError) as info:
+                async with runtime.sandbox(dead):
+                    pass
+            assert info.value.key == "sandbox.redis_url"
+            assert "no sandbox service answers" in info.value.message
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=20)

@@ -201,6 +201,56 @@ def test_sigterm_mid_step_checkpoints_exits_and_resumes_exactly(
     assert _metrics(run_dir) == _metrics(full_run)
 
 
+def test_sigterm_during_sft_stops_it_and_keeps_no_half_model(tmp_path: Path) -> None:
+    """SFT runs synchronously before the loop: SIGTERM still stops it between two of its steps,
+    the run exits 143, and no SFT model or summary is left to be mistaken for a finished one."""
+    run_dir = tmp_path / "sft-stopped"
+    conversations = tmp_path / "sft.jsonl"
+    turns = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]
+    conversations.write_text(json.dumps({"messages": turns}) + "\n")
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(json.dumps({"problem": "What is 2 + 2?", "answer": "4"}) + "\n")
+    toy = REPO / "configs" / "toy" / "cpu.yaml"
+    overrides = [
+        f"model.path={tmp_path / 'tiny'}",
+        f"sft.data=[{conversations}]",
+        f"data.train_datasets=[{problems}]",
+        f"data.eval_datasets=[{problems}]",
+        "sft.num_epochs=100000",  # far more steps than the test waits for
+        "sft.batch_num_sequences=1",
+    ]
+    args = ["train", "--config", str(toy), "--run-dir", str(run_dir), *overrides]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rstar2.cli", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    sft_metrics = run_dir / "sft" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if sft_metrics.is_file() and len(sft_metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, err[-3000:]
+    assert "SFT stopped after" in out and "a resume starts SFT again" in out
+    steps_done = len(sft_metrics.read_text().splitlines())
+    assert 2 <= steps_done < 100000
+    assert not (run_dir / "sft" / "model").exists()
+    assert not (run_dir / "sft" / "summary.json").exists()
+    _wait_until_group_is_gone(proc.pid)
+
+
 def _wait_until_group_is_gone(pgid: int, timeout_s: float = 60) -> None:
     """Every process of the run's session has exited (engines, zygotes, reward workers)."""
     deadline = time.monotonic() + timeout_s  # generous: a loaded machine reaps slowly

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import json
+import typing
 
 import pytest
 from pydantic import BaseModel
 
-from rstar2.config import Config, ConfigError
+from rstar2.config import Config, ConfigError, section_models
 from rstar2.config_io import load_config, write_resolved_config
 from tests.conftest import REPO, run_cli
 
@@ -15,13 +16,19 @@ DEMO = REPO / "configs" / "toy" / "demo.yaml"
 
 
 def _walk(model: type[BaseModel], prefix: str = ""):
+    """Every (dotted key, field) of the tree; a tagged section's keys once per shape."""
     for name, field in model.model_fields.items():
         yield f"{prefix}{name}", field
         ann = field.annotation
-        inner = getattr(ann, "__args__", (ann,))
-        for tp in inner:
-            if isinstance(tp, type) and issubclass(tp, BaseModel):
-                yield from _walk(tp, f"{prefix}{name}.")
+        if typing.get_origin(ann) is list:
+            ann = typing.get_args(ann)[0]
+        for section in section_models(ann).values():
+            yield from _walk(section, f"{prefix}{name}.")
+
+
+def _element(field) -> object:
+    ann = field.annotation
+    return typing.get_args(ann)[0] if typing.get_origin(ann) is list else ann
 
 
 def test_every_field_is_documented():
@@ -73,7 +80,7 @@ def test_rstar2_override_names():
     assert cfg.stages[2].max_turns == 20
     assert cfg.data.eval_datasets == ["math500", "aime24"]
     assert cfg.model.path == "123"  # str fields keep the text as written
-    assert cfg.sandbox.url is None
+    assert cfg.sandbox.mode == "embedded" and not hasattr(cfg.sandbox, "url")
 
 
 @pytest.mark.parametrize(
@@ -168,11 +175,6 @@ def test_every_config_field_is_read_somewhere() -> None:
     """A field nothing reads is a setting that does not mean what it says: each leaf of the
     tree must be read as an attribute (``section.field``) by the code outside config.py."""
     import ast
-    import typing
-
-    from pydantic import BaseModel
-
-    from rstar2.config import Config, StageConfig
 
     read: set[str] = set()
     for package in ("rstar2", "sandbox_pool", "scheduler"):
@@ -185,18 +187,8 @@ def test_every_config_field_is_read_somewhere() -> None:
                 elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                     read.add(node.value)  # getattr(section, "name")
 
-    def leaves(model: type[BaseModel], prefix: str) -> typing.Iterator[str]:
-        for name, field in model.model_fields.items():
-            kinds = typing.get_args(field.annotation) or (field.annotation,)
-            sections = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
-            if name == "stages":
-                sections = [StageConfig]
-            if sections:
-                yield from leaves(sections[0], f"{prefix}{name}.")
-            else:
-                yield f"{prefix}{name}"
-
-    unread = [path for path in leaves(Config, "") if path.rsplit(".", 1)[-1] not in read]
+    leaves = [key for key, field in _walk(Config) if not section_models(_element(field))]
+    unread = [key for key in leaves if key.rsplit(".", 1)[-1] not in read]
     assert unread == []
 
 
@@ -208,8 +200,6 @@ def test_train_refuses_what_this_build_cannot_run_as_configured() -> None:
 
     check_supported(cfg(cluster={"accelerator": "cuda", "gpus_per_node": 1}))  # shares the GPU
     cases = {
-        "learner.tensor_parallel_size": cfg(learner={"tensor_parallel_size": 2}),
-        "learner.pipeline_parallel_size": cfg(learner={"pipeline_parallel_size": 2}),
         "cluster.num_nodes": cfg(cluster={"num_nodes": 2}),
         "cluster.gpus_per_node": cfg(
             cluster={"accelerator": "cuda", "gpus_per_node": 2}, rollout={"num_engines": 3}
@@ -221,3 +211,48 @@ def test_train_refuses_what_this_build_cannot_run_as_configured() -> None:
             check_supported(config)
         assert err.value.key == key
     check_supported(cfg(cluster={"num_nodes": 2, "ray": True}))
+
+
+def test_tagged_sections_take_the_shape_their_tag_names() -> None:
+    """learner and sandbox are one of several shapes: the default where the tag is unset, a
+    switch by override keeps the shared keys and drops the others, and a key of another shape
+    is an error naming the shape that has it."""
+    from rstar2.config import HttpSandboxConfig, MegatronLearnerConfig, TorchLearnerConfig
+
+    assert isinstance(load_config(TOY).learner, TorchLearnerConfig)
+    paper = load_config(PAPER)
+    assert isinstance(paper.learner, MegatronLearnerConfig)
+    assert paper.learner.tensor_parallel_size == 4
+    assert isinstance(paper.sandbox, HttpSandboxConfig)
+
+    switched = load_config(PAPER, ["learner.backend=torch", "sandbox.mode=embedded"])
+    assert isinstance(switched.learner, TorchLearnerConfig)
+    assert switched.learner.micro_batch_tokens_per_gpu == 16384  # shared: kept
+    assert switched.sandbox.max_execution_time_s == 4.0
+    assert switched.sandbox.mode == "embedded"
+    # the tag may come after the keys of its shape
+    http = load_config(TOY, ["sandbox.url=http://h:1", "sandbox.mode=http"]).sandbox
+    assert isinstance(http, HttpSandboxConfig) and http.url == "http://h:1"
+
+    errors = {
+        "learner.tensor_parallel_size=2": (
+            "learner.tensor_parallel_size",
+            "only learner.backend 'megatron' has this key",
+        ),
+        "learner.backend=jax": ("learner.backend", "'torch', 'megatron'"),
+        "sandbox.mode=http": ("sandbox.url", "required when sandbox.mode is 'http'"),
+        "sandbox.mode=redis": ("sandbox.redis_url", "required when sandbox.mode is 'redis'"),
+    }
+    for override, (key, words) in errors.items():
+        with pytest.raises(ConfigError) as info:
+            load_config(TOY, [override])
+        assert info.value.key == key and words in info.value.message, override
+
+
+def test_tagged_section_errors_in_a_yaml_file(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("learner:\n  backend: torch\n  pipeline_parallel_size: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == "learner.pipeline_parallel_size"
+    assert "'megatron'" in info.value.message

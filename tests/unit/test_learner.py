@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rstar2.algo.loss import LossSettings
+from rstar2.config import OptimConfig, TorchLearnerConfig
 from rstar2.learner.packing import pack, plan
 from rstar2.learner.protocol import TrainSequence
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings, _unit_of
@@ -25,9 +26,19 @@ def model_dir(tmp_path_factory) -> Path:
     return tiny_model(tmp_path_factory.mktemp("learner-model"))
 
 
-def _learner(model_dir: Path, **kw) -> TorchLearner:
-    base = {"lr": 1e-2, "warmup_steps": 0, "micro_batch_tokens": 4096, "device": "cpu"}
-    return TorchLearner(TorchLearnerSettings(model_path=str(model_dir), **(base | kw)))
+def _learner(
+    model_dir: Path, *, micro_batch_tokens: int = 4096, loss: LossSettings | None = None, **optim
+) -> TorchLearner:
+    # model_construct: these tests go below the config's micro-batch floor on purpose
+    section = TorchLearnerConfig.model_construct(micro_batch_tokens_per_gpu=micro_batch_tokens)
+    settings = TorchLearnerSettings(
+        model_path=str(model_dir),
+        optim=OptimConfig(**({"lr": 1e-2, "warmup_steps": 0} | optim)),
+        learner=section,
+        loss=loss or LossSettings(),
+        device="cpu",
+    )
+    return TorchLearner(settings)
 
 
 def _weights(learner: TorchLearner) -> dict[str, torch.Tensor]:

@@ -337,7 +337,7 @@ async def test_busy_and_closed_are_clear_errors():
     with pytest.raises(PoolBusy):
         await p.run("print(1)")
     assert all(r.status == "ok" for r in await asyncio.gather(*slow))
-    await p.close()
+    await p.aclose()
     with pytest.raises(PoolClosed):
         await p.run("print(1)")
 
@@ -347,7 +347,7 @@ async def test_graceful_close_finishes_in_flight_calls():
     await p.start()
     task = asyncio.create_task(p.run("import time; time.sleep(0.3); print('done')"))
     await asyncio.sleep(0.05)
-    await p.close()
+    await p.aclose()
     assert (await task).stdout == "done\n"
 
 

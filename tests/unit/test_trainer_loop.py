@@ -135,3 +135,31 @@ async def test_resume_from_a_checkpoint_repeats_the_run(
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     await _train(_config(tool_model_dir, data, every_steps=0), run_dir, resume=True)
     assert _metrics(run_dir) == _metrics(full_run)
+
+
+class _StopsInEval(Trainer):
+    """A trainer that receives SIGTERM's stop request as the step-2 evaluation starts."""
+
+    async def evaluate(self, step: int) -> dict[str, float]:
+        if step == 2:
+            self.request_stop()
+        return await super().evaluate(step)
+
+
+async def test_a_stop_during_eval_checkpoints_and_the_resume_runs_that_eval_again(
+    tool_model_dir: Path, data: Path, tmp_path: Path
+) -> None:
+    cfg = _config(tool_model_dir, data, every_steps=2)
+    cfg.stages = cfg.stages[:1]
+    await _train(cfg, tmp_path / "straight")
+    run_dir = tmp_path / "stopped"
+    run_dir.mkdir()
+    async with Runtime(HFPlacement()) as runtime:
+        trainer = _StopsInEval(cfg, run_dir, runtime, quiet=True)
+        trainer.prepare(resume=False)
+        summary = await trainer.run()
+    assert summary == {"stopped": True, "steps": 2}
+    assert [r["step"] for r in _metrics(run_dir) if r.get("eval")] == [0]  # 2 was cut short
+    assert (run_dir / "checkpoints" / "step_000002" / "trainer.json").is_file()
+    await _train(cfg, run_dir, resume=True)
+    assert _metrics(run_dir) == _metrics(tmp_path / "straight")

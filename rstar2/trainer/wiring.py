@@ -20,7 +20,12 @@ if TYPE_CHECKING:
 def check_supported(cfg: Config) -> None:
     """ConfigError for what this build cannot run as configured."""
     if cfg.learner.backend != "torch":
-        raise ConfigError("learner.backend", "only 'torch' is implemented so far")
+        raise ConfigError(
+            "learner.backend",
+            "'megatron' is a library so far (rstar2.learner.megatron: log-probs, train steps "
+            "and weight export under torchrun); rstar2 train needs its checkpoints, not built "
+            "yet: use 'torch'",
+        )
     c = cfg.cluster
     if c.num_nodes > 1 and not c.ray:
         raise ConfigError("cluster.num_nodes", "more than one node needs cluster.ray: true")

@@ -1,8 +1,16 @@
 """The megatron-core learner backend (``learner.backend: megatron``): tensor and pipeline
 parallelism over a GPTModel built from an HF Qwen2/Qwen3 config.
 
-- :mod:`~rstar2.learner.megatron.layout` checks a TP/PP layout against the model and the world
-  size, before anything is built, with errors naming the config key.
+- :mod:`~rstar2.learner.megatron.layout`: a TP/PP layout checked against the model and the
+  world size before anything is built, errors naming the config key (pure).
+- :mod:`~rstar2.learner.megatron.convert`: HF <-> megatron weights per TP/PP shard (pure).
+- :mod:`~rstar2.learner.megatron.model`: the GPTModel (local spec) for an HF config.
+- :mod:`~rstar2.learner.megatron.attention`, :mod:`~rstar2.learner.megatron.flex`: exact
+  causal attention on packed sequences without transformer-engine (SDPA per sequence on CPU,
+  flex attention with a block-sparse document mask on GPU).
+- :mod:`~rstar2.learner.megatron.learner`: the Learner protocol (log-probs, train step,
+  weights), through megatron's pipeline schedule, DDP and optimizer.
 
-Being built in steps; ``rstar2 train`` refuses the backend until the learner itself lands.
+Not yet: checkpoints (dist_checkpointing), SFT steps, sequence parallelism; ``rstar2 train``
+refuses the backend until checkpoints exist.
 """

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from rstar2.algo.loss import LossSettings, policy_loss
 from rstar2.learner.protocol import TrainSequence
 
 
@@ -106,3 +107,22 @@ def unpack(values: torch.Tensor, lengths: Sequence[int]) -> list[list[float]]:
         out.append([0.0, *flat[start : start + n - 1]])
         start += n
     return out
+
+
+def micro_batch_loss(
+    mb: MicroBatch, logprobs: torch.Tensor, settings: LossSettings
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """:func:`~rstar2.algo.loss.policy_loss` of one packed micro-batch, given the log-probs of
+    its targets (``[1, tokens]``): over the packed row for ``token-mean``, over one zero-padded
+    row per sequence for the per-sequence aggregations."""
+    lp, old, adv, mask = logprobs.reshape(1, -1), mb.old_logprobs, mb.advantages, mb.loss_mask
+    if settings.loss_agg_mode != "token-mean":  # rows = sequences
+        lp, old, adv, mask = (
+            _per_sequence(t.reshape(-1), mb.lengths) for t in (lp, old, adv, mask)
+        )
+    return policy_loss(lp, old, adv, mask, settings)
+
+
+def _per_sequence(flat: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+    """A packed row back to one zero-padded row per sequence (``[sequences, longest]``)."""
+    return torch.nn.utils.rnn.pad_sequence(list(torch.split(flat, list(lengths))), batch_first=True)

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from rstar2.algo.loss import LossSettings, policy_loss, settings_from_config
+from rstar2.algo.loss import LossSettings, settings_from_config
 from rstar2.config import ConfigError, OptimConfig, TorchLearnerConfig
-from rstar2.learner.packing import MicroBatch, pack, plan, unpack
+from rstar2.learner.packing import MicroBatch, micro_batch_loss, pack, plan, unpack
 from rstar2.learner.protocol import TrainSequence
 
 if TYPE_CHECKING:
@@ -232,10 +232,7 @@ class TorchLearner:
     def _micro_loss(
         self, mb: MicroBatch, lp: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        args = (lp[None], mb.old_logprobs, mb.advantages, mb.loss_mask)
-        if self.settings.loss.loss_agg_mode != "token-mean":  # rows = sequences
-            args = tuple(_rows(t.reshape(-1), mb.lengths) for t in args)  # type: ignore[assignment]
-        return policy_loss(*args, self.settings.loss)
+        return micro_batch_loss(mb, lp, self.settings.loss)
 
     # ---- weights and checkpoints ----
 
@@ -350,11 +347,6 @@ def _unit_of(name: str) -> str:
         if i + 1 < len(parts) and parts[i + 1].isdigit():
             return ".".join(parts[: i + 2])
     return ".".join(parts[:-1])
-
-
-def _rows(flat: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
-    """A packed row back to one zero-padded row per sequence (``[sequences, longest]``)."""
-    return torch.nn.utils.rnn.pad_sequence(list(torch.split(flat, list(lengths))), batch_first=True)
 
 
 def _pick_device(choice: str, rank: int) -> torch.device:

@@ -123,5 +123,6 @@ def test_sft_run_learns_the_conversations(base_model: Path, tmp_path: Path) -> N
 def test_sft_config_errors_exit_2(tmp_path: Path) -> None:
     proc = run_cli("sft", "sft.num_epochs=0")
     assert proc.returncode == 2 and "sft.num_epochs" in proc.stderr
-    proc = run_cli("sft", f"model.path={tmp_path}", f"sft.data=[{tmp_path / 'x.jsonl'}]")
+    run_dir = ["--run-dir", str(tmp_path / "run")]  # not the checkout's runs/
+    proc = run_cli("sft", *run_dir, f"model.path={tmp_path}", f"sft.data=[{tmp_path / 'x.jsonl'}]")
     assert proc.returncode == 2 and "not a model folder" in proc.stderr

@@ -18,8 +18,6 @@ results are the same on every rank. A process group is created (one rank) when n
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,12 +26,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from rstar2.algo.loss import LossSettings, policy_loss, settings_from_config
+from rstar2.algo.loss import LossSettings, settings_from_config
 from rstar2.config import ConfigError, MegatronLearnerConfig, OptimConfig
 from rstar2.learner.megatron.convert import Dims, Fetch, Shard, hf_tensors, mcore_shard
 from rstar2.learner.megatron.layout import ModelShape, check_layout
 from rstar2.learner.megatron.model import ModelSpec, build_model
-from rstar2.learner.packing import MicroBatch, pack, plan, unpack
+from rstar2.learner.megatron.setup import (
+    ensure_process_group,
+    hf_fetch,
+    load_weights,
+    pick_device,
+    use_fused_adamw,
+    wrap_ddp,
+)
+from rstar2.learner.packing import MicroBatch, micro_batch_loss, pack, plan, unpack
 from rstar2.learner.protocol import TrainSequence
 
 if TYPE_CHECKING:
@@ -77,8 +83,8 @@ class MegatronLearner:
         from transformers import AutoConfig
 
         self.settings = settings
-        self.device = _device(settings.device)
-        _ensure_process_group(self.device)
+        self.device = pick_device(settings.device)
+        ensure_process_group(self.device)
         self.world = dist.get_world_size()
         self.hf_config = AutoConfig.from_pretrained(settings.model_path)
         self.layout = check_layout(settings.learner, ModelShape.from_hf(self.hf_config), self.world)
@@ -104,10 +110,10 @@ class MegatronLearner:
             self.spec, pre_process=self.shard.first_stage, post_process=self.shard.last_stage
         )
         fetch = weights or hf_fetch(settings.model_path)
-        _load(model, mcore_shard(fetch, self.dims, self.shard))
+        load_weights(model, mcore_shard(fetch, self.dims, self.shard))
         self.data_parallel = self.layout.data_parallel
         self.dp_rank = ps.get_data_parallel_rank()
-        self.model = _wrap(model.to(self.device), distributed_optimizer=self.data_parallel > 1)
+        self.model = wrap_ddp(model.to(self.device), distributed_optimizer=self.data_parallel > 1)
         self._step = 0
         self.reset_optimizer()
 
@@ -179,7 +185,7 @@ class MegatronLearner:
         )
         self.optimizer = get_megatron_optimizer(config, [self.model])
         if self.device.type == "cuda":
-            _use_fused_adamw(self.optimizer)
+            use_fused_adamw(self.optimizer)
         self._optimizer_steps = 0
 
     # ---- weights ----
@@ -269,7 +275,7 @@ class MegatronLearner:
                 if loss is None:
                     return lp.sum() * 0, lp[0].detach()
                 per_seq, total, weight = loss
-                value, metrics = _micro_loss(mb, lp, settings, per_seq)
+                value, metrics = micro_batch_loss(mb, lp, settings)
                 share = (len(mb.indices) if per_seq else float(mb.loss_mask.sum())) / total
                 weighted = {k: v * share for k, v in metrics.items()}
                 # the schedule divides by the number of micro-batches: undo it
@@ -395,117 +401,8 @@ class MegatronLearner:
         return box[0]
 
 
-def _micro_loss(
-    mb: MicroBatch, lp: torch.Tensor, settings: LossSettings, per_seq: bool
-) -> tuple[torch.Tensor, dict[str, float]]:
-    lp, old, adv, mask = lp, mb.old_logprobs, mb.advantages, mb.loss_mask
-    if per_seq:  # rows = sequences
-        lp, old, adv, mask = (_rows(t.reshape(-1), mb.lengths) for t in (lp, old, adv, mask))
-    return policy_loss(lp, old, adv, mask, settings)
-
-
-def _rows(flat: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    out = flat.new_zeros(len(lengths), max(lengths))
-    start = 0
-    for i, n in enumerate(lengths):
-        out[i, :n] = flat[start : start + n]
-        start += n
-    return out
-
-
 def _unit_key(name: str, offset: int) -> str:
     parts = name.split(".")
     if parts[:2] == ["decoder", "layers"]:
         return f"layer{int(parts[2]) + offset}"
     return parts[0]
-
-
-def _use_fused_adamw(optimizer: Any) -> None:
-    """Switch the torch AdamW inside megatron's optimizer (its fallback without TE or apex) to
-    torch's fused kernel, through the param-group options AdamW reads at every step: one kernel
-    instead of a foreach chain over the fp32 master weights (same update). Before the first
-    step only (a fused AdamW keeps its step counts on the device)."""
-    stack = [optimizer]
-    while stack:
-        current = stack.pop()
-        stack.extend(getattr(current, "chained_optimizers", []))
-        inner = getattr(current, "optimizer", None)
-        if isinstance(inner, torch.optim.AdamW) and not inner.state:
-            for group in inner.param_groups:
-                group["fused"], group["foreach"] = True, False
-
-
-def _wrap(model: torch.nn.Module, *, distributed_optimizer: bool) -> Any:
-    """megatron's DDP around this rank's model: contiguous fp32 gradient buffers reduced over
-    the data-parallel ranks, and finalize_model_grads after every backward schedule."""
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-
-    config: Any = model.config
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, use_distributed_optimizer=distributed_optimizer
-    )
-    config.finalize_model_grads_func = finalize_model_grads
-    return DistributedDataParallel(config, ddp_config, model)
-
-
-def _load(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-    state = dict(weights)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.endswith("_extra_state")]
-    if missing or unexpected:
-        raise ValueError(f"HF -> megatron weights: missing {missing}, unexpected {unexpected}")
-
-
-def hf_fetch(folder: str | Path) -> Fetch:
-    """Tensors of an HF folder by name, read lazily from its safetensors files."""
-    from safetensors import safe_open
-
-    root = Path(folder)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        where = {k: root / v for k, v in json.loads(index.read_text())["weight_map"].items()}
-    else:
-        single = root / "model.safetensors"
-        with safe_open(str(single), "pt") as f:
-            where = {k: single for k in f.keys()}  # noqa: SIM118 -- safe_open is not a dict
-
-    def fetch(name: str) -> torch.Tensor:
-        if name not in where and name == "lm_head.weight":
-            name = "model.embed_tokens.weight"
-        with safe_open(str(where[name]), "pt") as f:
-            return f.get_tensor(name).float()
-
-    return fetch
-
-
-def _device(choice: str) -> torch.device:
-    """``auto``: this rank's GPU where there is one, else the CPU; ``cuda``: this rank's GPU."""
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(choice)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return device
-
-
-def _ensure_process_group(device: torch.device) -> None:
-    """The launcher's group (torchrun's environment) when none exists yet, else a one-rank
-    group (a learner in the trainer's own process)."""
-    if dist.is_initialized():
-        return
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend)
-        return
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)

@@ -1,0 +1,107 @@
+"""The process-level pieces of the megatron learner: its device and process group, weights
+read from an HF folder, and megatron's DDP and optimizer set up the way the learner uses them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rstar2.learner.megatron.convert import Fetch
+
+
+def use_fused_adamw(optimizer: Any) -> None:
+    """Switch the torch AdamW inside megatron's optimizer (its fallback without TE or apex) to
+    torch's fused kernel, through the param-group options AdamW reads at every step: one kernel
+    instead of a foreach chain over the fp32 master weights (same update). Before the first
+    step only (a fused AdamW keeps its step counts on the device)."""
+    stack = [optimizer]
+    while stack:
+        current = stack.pop()
+        stack.extend(getattr(current, "chained_optimizers", []))
+        inner = getattr(current, "optimizer", None)
+        if isinstance(inner, torch.optim.AdamW) and not inner.state:
+            for group in inner.param_groups:
+                group["fused"], group["foreach"] = True, False
+
+
+def wrap_ddp(model: torch.nn.Module, *, distributed_optimizer: bool) -> Any:
+    """megatron's DDP around this rank's model: contiguous fp32 gradient buffers reduced over
+    the data-parallel ranks, and finalize_model_grads after every backward schedule."""
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+
+    config: Any = model.config
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, use_distributed_optimizer=distributed_optimizer
+    )
+    config.finalize_model_grads_func = finalize_model_grads
+    return DistributedDataParallel(config, ddp_config, model)
+
+
+def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    state = dict(weights)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.endswith("_extra_state")]
+    if missing or unexpected:
+        raise ValueError(f"HF -> megatron weights: missing {missing}, unexpected {unexpected}")
+
+
+def hf_fetch(folder: str | Path) -> Fetch:
+    """Tensors of an HF folder by name, read lazily from its safetensors files."""
+    from safetensors import safe_open
+
+    root = Path(folder)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        where = {k: root / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+    else:
+        single = root / "model.safetensors"
+        with safe_open(str(single), "pt") as f:
+            where = {k: single for k in f.keys()}  # noqa: SIM118 -- safe_open is not a dict
+
+    def fetch(name: str) -> torch.Tensor:
+        if name not in where and name == "lm_head.weight":
+            name = "model.embed_tokens.weight"
+        with safe_open(str(where[name]), "pt") as f:
+            return f.get_tensor(name).float()
+
+    return fetch
+
+
+def pick_device(choice: str) -> torch.device:
+    """``auto``: this rank's GPU where there is one, else the CPU; ``cuda``: this rank's GPU."""
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(choice)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return device
+
+
+def ensure_process_group(device: torch.device) -> None:
+    """The launcher's group (torchrun's environment) when none exists yet, else a one-rank
+    group (a learner in the trainer's own process)."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend)
+        return
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)

@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from rstar2.algo.loss import LossSettings, settings_from_config
+from rstar2.algo.loss import LossSettings
 from rstar2.config import ConfigError, OptimConfig, TorchLearnerConfig
 from rstar2.learner.packing import MicroBatch, micro_batch_loss, pack, plan, unpack
 from rstar2.learner.protocol import TrainSequence
+from rstar2.learner.settings import run_fields
 
 if TYPE_CHECKING:
     from rstar2.config import Config
@@ -56,14 +57,7 @@ class TorchLearnerSettings:
         """The settings a run's config gives; ``optim`` replaces ``cfg.optim`` (SFT's)."""
         if not isinstance(cfg.learner, TorchLearnerConfig):
             raise ConfigError("learner.backend", "this learner is the torch backend")
-        return cls(
-            model_path=model_path,
-            optim=optim or cfg.optim,
-            learner=cfg.learner,
-            loss=settings_from_config(cfg.algorithm),
-            device="cpu" if cfg.cluster.accelerator == "cpu" else "auto",
-            seed=cfg.seed,
-        )
+        return cls(**run_fields(cfg, model_path, optim))
 
 
 class TorchLearner:

@@ -61,7 +61,6 @@ class Trainer:
         self.quiet = quiet
         self.save_rollouts_dir: Path | None = None
         self.replay_rollouts_dir: Path | None = None
-        self.services: Services | None = None
         self._learner: Learner | None = None
         self.template: ChatTemplate | None = None
         self.policy_path = cfg.model.path
@@ -125,6 +124,11 @@ class Trainer:
         self._say(f"resume: from step_{restored.step:06d} (step {restored.step})")
 
     @property
+    def services(self) -> Services | None:
+        """The run's engines, sandbox and scorer while open (never when replaying)."""
+        return self.source.services
+
+    @property
     def learner(self) -> Learner:
         assert self._learner is not None, "prepare() first"
         return self._learner
@@ -138,13 +142,13 @@ class Trainer:
         from rstar2.learner.sync import sync_weights
 
         async with self.runtime.services(services_spec(self.cfg, self.policy_path)) as services:
-            self.services = self.source.services = services
+            self.source.services = services
             try:
                 if self.learner.step > 0:  # resumed: engines start from the checkpoint
                     await sync_weights(self.learner, services.engines, bucket_bytes(self.cfg))
                 yield
             finally:
-                self.services = self.source.services = None
+                self.source.services = None
 
     # ---- the loop ----
 

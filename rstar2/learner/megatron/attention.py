@@ -4,10 +4,10 @@ attention on packed (THD) sequences, plugged in through the layer spec.
 megatron-core's only TE-free core attention (``DotProductAttention``) materialises S x S scores
 and rejects packed input. This module takes the same constructor and ``forward`` arguments
 (the spec's ``core_attention`` slot) and attends within each packed sequence only:
-- CPU, or ``backend="sdpa"``: one causal ``scaled_dot_product_attention`` per sequence (exact;
-  matches ``DotProductAttention`` on unpacked input to float rounding).
-- ``backend="flex"``: one flex-attention call over the whole pack with a block-sparse
-  causal-document mask (GPU; compiled once per shape bucket).
+- CPU: one causal ``scaled_dot_product_attention`` per sequence (exact; matches
+  ``DotProductAttention`` on unpacked input to float rounding).
+- GPU: one flex-attention call over the whole pack with a block-sparse causal-document mask
+  (:mod:`rstar2.learner.megatron.flex`).
 
 Shapes (as megatron's attention passes them): THD ``[T, heads, head_dim]`` in, ``[T, heads *
 head_dim]`` out; SBHD ``[S, B, heads, head_dim]`` in, ``[S, B, heads * head_dim]`` out. Keys and
@@ -17,20 +17,16 @@ values have ``num_query_groups`` heads per rank (grouped-query attention).
 from __future__ import annotations
 
 import itertools
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-Backend = Literal["auto", "sdpa", "flex"]
-
 
 class PackedCoreAttention(MegatronModule):
     """Causal self-attention over packed sequences (see the module docstring)."""
-
-    backend: Backend = "auto"  # set on the class by the model builder (one per process)
 
     def __init__(
         self,
@@ -76,10 +72,7 @@ class PackedCoreAttention(MegatronModule):
     def _packed(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: list[int]
     ) -> torch.Tensor:
-        backend = self.backend
-        if backend == "auto":
-            backend = "flex" if query.is_cuda else "sdpa"
-        if backend == "flex":
+        if query.is_cuda:
             from rstar2.learner.megatron.flex import packed_flex_attention
 
             return packed_flex_attention(query, key, value, bounds, self.softmax_scale)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from rstar2.algo.loss import LossSettings, settings_from_config
+from rstar2.algo.loss import LossSettings
 from rstar2.config import ConfigError, MegatronLearnerConfig, OptimConfig
 from rstar2.learner.megatron.convert import Dims, Fetch, Shard, hf_tensors, mcore_shard
 from rstar2.learner.megatron.layout import ModelShape, check_layout
@@ -36,11 +36,11 @@ from rstar2.learner.megatron.setup import (
     hf_fetch,
     load_weights,
     pick_device,
-    use_fused_adamw,
     wrap_ddp,
 )
 from rstar2.learner.packing import MicroBatch, micro_batch_loss, pack, plan, unpack
 from rstar2.learner.protocol import TrainSequence
+from rstar2.learner.settings import run_fields
 
 if TYPE_CHECKING:
     from rstar2.config import Config
@@ -65,14 +65,7 @@ class MegatronLearnerSettings:
     ) -> MegatronLearnerSettings:
         if not isinstance(cfg.learner, MegatronLearnerConfig):
             raise ConfigError("learner.backend", "this learner is the megatron backend")
-        return cls(
-            model_path=model_path,
-            optim=optim or cfg.optim,
-            learner=cfg.learner,
-            loss=settings_from_config(cfg.algorithm),
-            device="cpu" if cfg.cluster.accelerator == "cpu" else "auto",
-            seed=cfg.seed,
-        )
+        return cls(**run_fields(cfg, model_path, optim))
 
 
 class MegatronLearner:
@@ -184,8 +177,6 @@ class MegatronLearner:
             params_dtype=self.spec.params_dtype,
         )
         self.optimizer = get_megatron_optimizer(config, [self.model])
-        if self.device.type == "cuda":
-            use_fused_adamw(self.optimizer)
         self._optimizer_steps = 0
 
     # ---- weights ----

@@ -16,21 +16,6 @@ import torch.distributed as dist
 from rstar2.learner.megatron.convert import Fetch
 
 
-def use_fused_adamw(optimizer: Any) -> None:
-    """Switch the torch AdamW inside megatron's optimizer (its fallback without TE or apex) to
-    torch's fused kernel, through the param-group options AdamW reads at every step: one kernel
-    instead of a foreach chain over the fp32 master weights (same update). Before the first
-    step only (a fused AdamW keeps its step counts on the device)."""
-    stack = [optimizer]
-    while stack:
-        current = stack.pop()
-        stack.extend(getattr(current, "chained_optimizers", []))
-        inner = getattr(current, "optimizer", None)
-        if isinstance(inner, torch.optim.AdamW) and not inner.state:
-            for group in inner.param_groups:
-                group["fused"], group["foreach"] = True, False
-
-
 def wrap_ddp(model: torch.nn.Module, *, distributed_optimizer: bool) -> Any:
     """megatron's DDP around this rank's model: contiguous fp32 gradient buffers reduced over
     the data-parallel ranks, and finalize_model_grads after every backward schedule."""
@@ -69,11 +54,15 @@ def hf_fetch(folder: str | Path) -> Fetch:
         with safe_open(str(single), "pt") as f:
             where = {k: single for k in f.keys()}  # noqa: SIM118 -- safe_open is not a dict
 
+    handles: dict[Path, Any] = {}  # one open (memory-mapped) file each, not one per tensor
+
     def fetch(name: str) -> torch.Tensor:
         if name not in where and name == "lm_head.weight":
             name = "model.embed_tokens.weight"
-        with safe_open(str(where[name]), "pt") as f:
-            return f.get_tensor(name).float()
+        path = where[name]
+        if path not in handles:
+            handles[path] = safe_open(str(path), "pt")
+        return handles[path].get_tensor(name).float()
 
     return fetch
 

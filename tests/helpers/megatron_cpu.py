@@ -39,6 +39,12 @@ _MODULES = (
     "megatron.core.models.gpt",
     "megatron.core.tensor_parallel",
     "megatron.core.dist_checkpointing",
+    "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.dist_checkpointing.strategies.torch",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+    "megatron.core.dist_checkpointing.strategies.fully_parallel",
+    "megatron.core.dist_checkpointing.strategies.async_utils",
 )
 _installed = False
 

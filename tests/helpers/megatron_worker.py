@@ -1,11 +1,16 @@
-"""One rank of a megatron learner run on CPU, for the parity tests:
+"""One rank of a megatron learner run on CPU, for the parity and checkpoint tests:
 
     python -m torch.distributed.run --nproc-per-node N -m tests.helpers.megatron_worker \\
-        MODEL_DIR OUT.pt TP PP
+        parity MODEL_DIR OUT.pt TP PP
+    python -m torch.distributed.run --nproc-per-node 2 -m tests.helpers.megatron_worker \\
+        checkpoint MODEL_DIR OUT.pt CHECKPOINT_DIR
 
-For each loss aggregation, a fresh learner on MODEL_DIR gives: the batch's log-probs, one train
-step's metrics and gradients (HF-named, gathered), the log-probs after it, and the exported HF
-weights; rank 0 writes them all to OUT.pt.
+parity: for each loss aggregation, a fresh learner on MODEL_DIR gives the batch's log-probs, one
+train step's metrics and gradients (HF-named, gathered), the log-probs after it, and the exported
+HF weights; and one SFT step's metrics and weights.
+checkpoint: at TP=2, a step, a save, and the next step; a fresh TP=2 learner loads and takes the
+same next step; a PP=2 learner loads the same checkpoint, gives its log-probs and takes the step.
+Rank 0 writes the results to OUT.pt.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ PARITY_OPTIM = OptimConfig(lr=1e-3, warmup_steps=0, weight_decay=0.0)
 MICRO_BATCH_TOKENS = 96  # several micro-batches per step
 
 
-def settings(model_dir: str, tp: int, pp: int, agg: str) -> MegatronLearnerSettings:
+def settings(
+    model_dir: str, tp: int, pp: int, agg: str, optim: OptimConfig = PARITY_OPTIM
+) -> MegatronLearnerSettings:
     return MegatronLearnerSettings(
         model_path=model_dir,
-        optim=PARITY_OPTIM,
+        optim=optim,
         learner=MegatronLearnerConfig(
             backend="megatron",
             tensor_parallel_size=tp,
@@ -87,13 +94,64 @@ def run(model_dir: str, tp: int, pp: int, agg: str) -> dict[str, object]:
     }
 
 
-def main(model_dir: str, out: str, tp: int, pp: int) -> None:
-    results = {agg: run(model_dir, tp, pp, agg) for agg in AGGREGATIONS}
+def _weights(learner: MegatronLearner) -> dict[str, torch.Tensor]:
+    return {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}
+
+
+def run_sft(model_dir: str, tp: int, pp: int) -> dict[str, object]:
+    learner = MegatronLearner(settings(model_dir, tp, pp, "token-mean"))
+    metrics = learner.sft_step(random_batch(6, seed=0))
+    weights = _weights(learner)
+    learner.close()
+    return {"metrics": metrics, "weights": weights}
+
+
+def parity(model_dir: str, tp: int, pp: int) -> dict[str, object]:
+    results: dict[str, object] = {agg: run(model_dir, tp, pp, agg) for agg in AGGREGATIONS}
+    return results | {"sft": run_sft(model_dir, tp, pp)}
+
+
+def checkpoint(model_dir: str, folder: str) -> dict[str, object]:
+    from megatron.core import parallel_state as ps
+
+    first, second, probe = (random_batch(6, seed=s) for s in (1, 2, 3))
+
+    def learner(tp: int, pp: int) -> MegatronLearner:
+        return MegatronLearner(settings(model_dir, tp, pp, "token-mean", CHECKPOINT_OPTIM))
+
+    a = learner(2, 1)
+    a.train_step(first)
+    a.save(folder)
+    saved = a.compute_logprobs(probe)
+    going_on = {"metrics": a.train_step(second), "weights": _weights(a)}
+    a.close()
+    b = learner(2, 1)
+    b.load(folder)
+    resumed = {"step": b.step, "metrics": b.train_step(second), "weights": _weights(b)}
+    b.close()
+    ps.destroy_model_parallel()
+    c = learner(1, 2)
+    c.load(folder)
+    resharded = {"logprobs": c.compute_logprobs(probe), "metrics": c.train_step(second)}
+    c.close()
+    return {"saved": saved, "going_on": going_on, "resumed": resumed, "resharded": resharded}
+
+
+# warm-up and weight decay on, so the checkpoint must carry the schedule's position
+CHECKPOINT_OPTIM = OptimConfig(lr=1e-3, warmup_steps=3, weight_decay=0.1)
+
+
+def main(argv: list[str]) -> None:
+    mode, model_dir, out = argv[:3]
+    if mode == "parity":
+        results = parity(model_dir, int(argv[3]), int(argv[4]))
+    else:
+        results = checkpoint(model_dir, argv[3])
     if dist.get_rank() == 0:
         torch.save(results, out)
     dist.barrier()
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+if __name__ == "__main__":  # dist_checkpointing starts a spawn-context manager: keep the guard
+    main(sys.argv[1:])

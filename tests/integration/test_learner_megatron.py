@@ -59,8 +59,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {kind: _model(root / kind, kind) for kind in ("qwen3", "qwen3-tied", "qwen2")}
 
 
-def _reference(model: Path, agg: str) -> dict[str, object]:
-    learner = TorchLearner(
+def _torch_learner(model: Path, agg: str) -> TorchLearner:
+    return TorchLearner(
         TorchLearnerSettings(
             model_path=str(model),
             optim=PARITY_OPTIM,
@@ -71,6 +71,10 @@ def _reference(model: Path, agg: str) -> dict[str, object]:
             device="cpu",
         )
     )
+
+
+def _reference(model: Path, agg: str) -> dict[str, object]:
+    learner = _torch_learner(model, agg)
     batch = random_batch(6, seed=0)
     before = learner.compute_logprobs(batch)
     grads: dict[str, torch.Tensor] = {}
@@ -99,6 +103,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _torchrun(ranks: int, *args: object) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]
+    cmd += [f"--master-port={_free_port()}", "-m", "tests.helpers.megatron_worker"]
+    proc = subprocess.run(
+        [*cmd, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=500
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 def _gap(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for s, t in zip(a, b, strict=True) for x, y in zip(s, t, strict=True))
 
@@ -107,17 +120,9 @@ def _gap(a: list[list[float]], b: list[list[float]]) -> float:
 def test_megatron_equals_the_torch_backend(layout: str, models, tmp_path: Path) -> None:
     tp, pp, kind = LAYOUTS[layout]
     out = tmp_path / "megatron.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={tp * pp}"]
-    cmd += [f"--master-port={_free_port()}", "-m", "tests.helpers.megatron_worker"]
-    proc = subprocess.run(
-        [*cmd, str(models[kind]), str(out), str(tp), str(pp)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=500,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _torchrun(tp * pp, "parity", models[kind], out, tp, pp)
     runs = torch.load(out, weights_only=False)
+    _check_sft(runs["sft"], models[kind])
     for agg in AGGREGATIONS:
         got, ref = runs[agg], _reference(models[kind], agg)
         assert _gap(got["before"], ref["before"]) < 1e-5, agg
@@ -148,3 +153,37 @@ def test_megatron_equals_the_torch_backend(layout: str, models, tmp_path: Path) 
             f"{grad_gap:.1e}, weights beyond 1e-5 rel {far}/{total}, after-step logprobs "
             f"{_gap(got['after'], ref['after']):.1e}"
         )
+
+
+def _check_sft(got: dict[str, object], model: Path) -> None:
+    learner = _torch_learner(model, "token-mean")
+    ref = learner.sft_step(random_batch(6, seed=0))
+    weights = {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}
+    metrics = got["metrics"]
+    assert isinstance(metrics, dict)
+    for key in ("nll", "grad_norm", "loss_tokens"):
+        assert metrics[key] == pytest.approx(ref[key], rel=1e-5), key
+    got_weights = got["weights"]
+    assert isinstance(got_weights, dict) and sorted(got_weights) == sorted(weights)
+    for name, w in weights.items():  # as after the RL step: a few entries near Adam's eps
+        assert (got_weights[name] - w).abs().max().item() <= 2 * PARITY_OPTIM.lr, name
+
+
+def test_a_checkpoint_resumes_bit_exactly_and_loads_at_another_layout(
+    models, tmp_path: Path
+) -> None:
+    out = tmp_path / "checkpoint.pt"
+    _torchrun(2, "checkpoint", models["qwen3-tied"], out, tmp_path / "ckpt")
+    got = torch.load(out, weights_only=False)
+    going_on, resumed, resharded = got["going_on"], got["resumed"], got["resharded"]
+    assert resumed["step"] == 1
+    assert resumed["metrics"] == going_on["metrics"]  # bit for bit: every float equal
+    assert sorted(resumed["weights"]) == sorted(going_on["weights"])
+    for name, w in going_on["weights"].items():
+        assert torch.equal(resumed["weights"][name], w), name
+    # at PP=2 the same weights give the same log-probs, and the optimizer state came along:
+    # the next step's metrics match the TP=2 run's
+    assert _gap(resharded["logprobs"], got["saved"]) < 1e-5
+    for key in ("pg_loss", "grad_norm", "lr", "step", "tokens"):
+        assert resharded["metrics"][key] == pytest.approx(going_on["metrics"][key], rel=1e-5)
+    print(f"TP2 -> PP2 log-probs {_gap(resharded['logprobs'], got['saved']):.1e}")

@@ -18,7 +18,7 @@ results are the same on every rank. A process group is created (one rank) when n
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +28,9 @@ import torch.distributed as dist
 
 from rstar2.algo.loss import LossSettings
 from rstar2.config import ConfigError, MegatronLearnerConfig, OptimConfig
-from rstar2.learner.megatron.convert import Dims, Fetch, Shard, hf_tensors, mcore_shard
+from rstar2.learner.megatron import checkpoint
+from rstar2.learner.megatron.convert import Dims, Fetch, Shard, mcore_shard
+from rstar2.learner.megatron.export import hf_units
 from rstar2.learner.megatron.layout import ModelShape, check_layout
 from rstar2.learner.megatron.model import ModelSpec, build_model
 from rstar2.learner.megatron.setup import (
@@ -44,6 +46,9 @@ from rstar2.learner.settings import run_fields
 
 if TYPE_CHECKING:
     from rstar2.config import Config
+
+Objective = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+"""A micro-batch's share of the step's loss and its metrics, from its target log-probs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +88,17 @@ class MegatronLearner:
         self.layout = check_layout(settings.learner, ModelShape.from_hf(self.hf_config), self.world)
         if not ps.model_parallel_is_initialized():
             ps.initialize_model_parallel(self.layout.tensor_parallel, self.layout.pipeline_parallel)
+        elif (
+            ps.get_tensor_model_parallel_world_size(),
+            ps.get_pipeline_model_parallel_world_size(),
+        ) != (
+            self.layout.tensor_parallel,
+            self.layout.pipeline_parallel,
+        ):
+            raise RuntimeError(
+                "megatron's parallel state is set up for another layout in this process "
+                "(megatron.core.parallel_state.destroy_model_parallel() first)"
+            )
         self.shard = Shard(
             tp_rank=ps.get_tensor_model_parallel_rank(),
             tp=self.layout.tensor_parallel,
@@ -122,7 +138,7 @@ class MegatronLearner:
         mbs, real = self._micro_batches(batch)
         self.model.eval()
         with torch.no_grad():
-            outs = self._run(mbs, forward_only=True, loss=None)
+            outs = self._run(mbs, forward_only=True, objective=None)
         mine: dict[int, list[float]] = {}
         if self.shard.last_stage and real:
             for mb, lp in zip(mbs, outs, strict=True):
@@ -142,12 +158,41 @@ class MegatronLearner:
     def train_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
         if not batch:
             raise ValueError("an empty batch")
-        per_seq = self.settings.loss.loss_agg_mode != "token-mean"
+        settings = self.settings.loss
+        per_seq = settings.loss_agg_mode != "token-mean"
         total = float(len(batch)) if per_seq else float(sum(sum(x.loss_mask) for x in batch))
         mbs, real = self._micro_batches(batch)
-        self.model.train()
         weight = self.data_parallel if real else 0.0  # DDP averages over data-parallel ranks
-        outs = self._run(mbs, forward_only=False, loss=(per_seq, max(total, 1.0), weight))
+
+        def objective(mb: MicroBatch, lp: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            value, metrics = micro_batch_loss(mb, lp, settings)
+            share = (len(mb.indices) if per_seq else float(mb.loss_mask.sum())) / max(total, 1.0)
+            return value * share * weight, {k: v * share for k, v in metrics.items()}
+
+        return self._step_on(mbs, real, objective)
+
+    def sft_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
+        """One optimizer step of supervised learning: the mean negative log-likelihood of the
+        tokens where ``loss_mask`` is 1 (over the whole batch, across micro-batches and ranks)."""
+        if not batch:
+            raise ValueError("an empty batch")
+        total = float(sum(sum(x.loss_mask) for x in batch))
+        mbs, real = self._micro_batches(batch)
+        weight = self.data_parallel / max(total, 1.0) if real else 0.0
+
+        def objective(mb: MicroBatch, lp: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            nll = -(lp * mb.loss_mask).sum()
+            return nll * weight, {"nll": float(nll.detach()) / max(total, 1.0)}
+
+        metrics = self._step_on(mbs, real, objective)
+        metrics.pop("tokens")
+        return metrics | {"loss_tokens": total}
+
+    def _step_on(self, mbs: list[MicroBatch], real: bool, objective: Objective) -> dict[str, float]:
+        """Forward and backward of every micro-batch with ``objective``, then the update; the
+        objective's metrics summed over micro-batches and data-parallel ranks."""
+        self.model.train()
+        outs = self._run(mbs, forward_only=False, objective=objective)
         sums: dict[str, float] = {}
         for metrics in outs:
             for k, v in metrics.items():
@@ -156,9 +201,6 @@ class MegatronLearner:
         sums["tokens"] = float(sum(mb.num_tokens for mb in mbs)) if real else 0.0
         sums = self._sum_over_data_parallel(sums)
         return sums | self._apply_update()
-
-    def sft_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
-        raise NotImplementedError("SFT with the megatron backend is not implemented yet")
 
     def reset_optimizer(self) -> None:
         """Fresh AdamW state and a new warm-up (a new RL stage); the step count goes on."""
@@ -188,7 +230,7 @@ class MegatronLearner:
         rank 0 yields the tensors, the others empty buckets)."""
         bucket: list[tuple[str, Any]] = []
         size = 0
-        for unit in self._hf_units(dtype):
+        for unit in hf_units(self.model.module, self.shard, self.dims, self.dp_rank, dtype):
             nbytes = sum(t.numel() * t.element_size() for _, t in unit)
             if bucket and size + nbytes > bucket_bytes:
                 yield bucket
@@ -200,7 +242,11 @@ class MegatronLearner:
 
     def export_hf(self, folder: str | Path) -> None:
         """Write the policy as an HF folder (safetensors, the run's config); rank 0 writes."""
-        state = {n: t for unit in self._hf_units(None) for n, t in unit}
+        state = {
+            n: t
+            for unit in hf_units(self.model.module, self.shard, self.dims, self.dp_rank, None)
+            for n, t in unit
+        }
         if dist.get_rank() == 0:
             from safetensors.torch import save_file
 
@@ -209,6 +255,23 @@ class MegatronLearner:
             save_file({n: t.contiguous() for n, t in state.items()}, out / "model.safetensors")
             self.hf_config.save_pretrained(out)
         dist.barrier()
+
+    def save(self, path: str | Path) -> None:
+        """Model, optimizer, step counts and RNG states (:mod:`.checkpoint`); collective."""
+        counters = checkpoint.Counters(
+            step=self._step,
+            optimizer_steps=self._optimizer_steps,
+            tensor_parallel=self.layout.tensor_parallel,
+            pipeline_parallel=self.layout.pipeline_parallel,
+            data_parallel=self.layout.data_parallel,
+        )
+        checkpoint.save(Path(path), self.model, self.optimizer, counters)
+
+    def load(self, path: str | Path) -> None:
+        """Restore :meth:`save`'s folder, written at this or another TP/PP layout; collective."""
+        counters = checkpoint.load(Path(path), self.model, self.optimizer, self.layout)
+        self._step = counters.step
+        self._optimizer_steps = counters.optimizer_steps
 
     def close(self) -> None:
         for name in ("model", "optimizer"):
@@ -232,13 +295,13 @@ class MegatronLearner:
         mbs: list[MicroBatch],
         *,
         forward_only: bool,
-        loss: tuple[bool, float, float] | None,
+        objective: Objective | None,
     ) -> list[Any]:
-        """Every micro-batch through the pipeline; the last stage's per-micro-batch outputs."""
+        """Every micro-batch through the pipeline; the last stage's per-micro-batch outputs:
+        the objective's metrics, or the log-probs when there is no objective."""
         from megatron.core.packed_seq_params import PackedSeqParams
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        settings = self.settings.loss
         n = len(mbs)
         it = iter(mbs)
 
@@ -263,14 +326,10 @@ class MegatronLearner:
 
             def reduce(logits: torch.Tensor) -> tuple[torch.Tensor, Any]:
                 lp = self._token_logprobs(logits, mb.targets) * mb.valid  # [1, T]
-                if loss is None:
+                if objective is None:
                     return lp.sum() * 0, lp[0].detach()
-                per_seq, total, weight = loss
-                value, metrics = micro_batch_loss(mb, lp, settings)
-                share = (len(mb.indices) if per_seq else float(mb.loss_mask.sum())) / total
-                weighted = {k: v * share for k, v in metrics.items()}
-                # the schedule divides by the number of micro-batches: undo it
-                return value * share * n * weight, weighted
+                value, metrics = objective(mb, lp)
+                return value * n, metrics  # the schedule divides by the micro-batch count
 
             return out, reduce
 
@@ -323,53 +382,6 @@ class MegatronLearner:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    def _hf_units(self, dtype: torch.dtype | None) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """One list per decoder layer (and per other module) of HF-named full tensors, in layer
-        order, on global rank 0 (empty elsewhere): gathered over TP within each stage, then
-        sent to rank 0 by the stage's leader (TP rank 0 of data-parallel replica 0)."""
-        from megatron.core import parallel_state as ps
-
-        gpt = self.model.module
-        params = dict(gpt.named_parameters())
-        mine = (self.shard.pp_rank, self.shard.tp_rank, self.dp_rank, list(params))
-        everyone: list[Any] = [None] * self.world
-        dist.all_gather_object(everyone, mine)
-        rank = dist.get_rank()
-        per_stage = self.dims.num_layers // self.shard.pp
-        for stage in range(self.shard.pp):
-            leader = next(
-                r for r, (p, t, d, _) in enumerate(everyone) if (p, t, d) == (stage, 0, 0)
-            )
-            names = everyone[leader][3]
-            offset = stage * per_stage
-            unit: list[tuple[str, torch.Tensor]] = []
-            key: str | None = None
-            for name in names:
-                shards: list[torch.Tensor] | None = None
-                if self.shard.pp_rank == stage:
-                    param = params[name].detach().contiguous()
-                    gathered = [torch.empty_like(param) for _ in range(self.shard.tp)]
-                    dist.all_gather(gathered, param, group=ps.get_tensor_model_parallel_group())
-                    shards = [t.cpu() for t in gathered]
-                if leader != 0 and rank in (0, leader):
-                    box: list[Any] = [shards]
-                    if rank == leader:
-                        dist.send_object_list(box, dst=0)
-                    else:
-                        dist.recv_object_list(box, src=leader)
-                        shards = box[0]
-                if rank != 0 or shards is None:
-                    continue
-                this = _unit_key(name, offset)
-                if unit and this != key:
-                    yield unit
-                    unit = []
-                key = this
-                for hf_name, t in hf_tensors(name, shards, self.dims, offset):
-                    unit.append((hf_name, t if dtype is None else t.to(dtype)))
-            if unit:
-                yield unit
-
     def _sum_over_data_parallel(self, values: dict[str, float]) -> dict[str, float]:
         if self.data_parallel == 1:
             return values
@@ -390,10 +402,3 @@ class MegatronLearner:
         src = ps.get_pipeline_model_parallel_last_rank()
         dist.broadcast_object_list(box, src=src, group=ps.get_pipeline_model_parallel_group())
         return box[0]
-
-
-def _unit_key(name: str, offset: int) -> str:
-    parts = name.split(".")
-    if parts[:2] == ["decoder", "layers"]:
-        return f"layer{int(parts[2]) + offset}"
-    return parts[0]

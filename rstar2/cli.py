@@ -220,8 +220,10 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
     from rstar2.config_io import load_config, write_resolved_config
     from rstar2.sft import run_sft
+    from rstar2.trainer.wiring import check_learner_supported
 
     cfg = load_config(args.config, args.overrides)
+    check_learner_supported(cfg)  # before a run folder exists
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = args.run_dir or Path(cfg.runs_dir) / f"{cfg.name}-sft-{stamp}"
     write_resolved_config(cfg, run_dir)

@@ -123,7 +123,7 @@ def run_sft(
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
+    from rstar2.learner.build import build_learner, learner_settings
 
     if not cfg.sft.data:
         raise DataError("sft.data is empty: name at least one JSONL file of conversations")
@@ -135,8 +135,8 @@ def run_sft(
     seqs, skipped = build_sequences(template, cfg.sft.data, cfg.sft.max_seq_tokens)
     if not seqs:
         raise DataError(f"no conversation fits sft.max_seq_tokens={cfg.sft.max_seq_tokens}")
-    learner = TorchLearner(
-        TorchLearnerSettings.from_config(
+    learner = build_learner(
+        learner_settings(
             cfg,
             cfg.model.path,
             optim=cfg.optim.model_copy(
@@ -171,6 +171,7 @@ def run_sft(
                 bar.set_postfix(nll=f"{metrics['nll']:.3f}")
     model_dir = run_dir / "model"
     learner.export_hf(model_dir)
+    learner.close()
     tokenizer.save_pretrained(model_dir)
     prompt_format.save(model_dir)
     return {

@@ -1,7 +1,7 @@
 """The torch learner inside a Ray actor, so the trainer can place it on any node.
 
-``RayLearner.create(settings)`` starts a :class:`LearnerActor` hosting one
-:class:`~rstar2.learner.torch_backend.TorchLearner` and returns a client with the surface the
+``RayLearner.create(settings)`` starts a :class:`LearnerActor` hosting one learner of the
+settings' backend (torch or megatron, one rank) and returns a client with the surface the
 trainer and :func:`~rstar2.learner.sync.sync_weights` use: ``step``, ``train_step``,
 ``compute_logprobs``, ``reset_optimizer``, ``save`` / ``load`` (paths on the actor's node: a
 shared file system when it is another node), ``export_hf`` and ``named_weights``. Calls block
@@ -9,8 +9,8 @@ until the actor answers; the actor serves one call at a time, in order.
 
 ``named_weights`` streams the buckets from the actor (a Ray streaming generator), each moved to
 CPU there, so a bucket is in flight while the next is gathered; they pass through the caller's
-process on their way to the engines. One actor is one learner rank: FSDP over several ranks
-still starts under torchrun (``launcher/``), not as Ray actors.
+process on their way to the engines. One actor is one learner rank: FSDP or megatron over
+several ranks still starts under torchrun (``launcher/``), not as Ray actors.
 """
 
 from __future__ import annotations
@@ -19,20 +19,20 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from rstar2.learner.build import LearnerSettings, build_learner
 from rstar2.learner.protocol import TrainSequence
-from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 
 
 class LearnerActor:
     """The actor body (wrapped with ``ray.remote`` by :meth:`RayLearner.create`)."""
 
-    def __init__(self, settings: TorchLearnerSettings, num_threads: int) -> None:
+    def __init__(self, settings: LearnerSettings, num_threads: int) -> None:
         import torch
 
         # Ray sets OMP_NUM_THREADS from the actor's CPU request; the caller's count keeps CPU
         # results bit-equal to an in-process learner's (a reduction's order follows threads)
         torch.set_num_threads(num_threads)
-        self._learner = TorchLearner(settings)
+        self._learner = build_learner(settings)
 
     def step(self) -> int:
         return self._learner.step
@@ -77,7 +77,7 @@ class RayLearner:
     @classmethod
     def create(
         cls,
-        settings: TorchLearnerSettings,
+        settings: LearnerSettings,
         *,
         num_cpus: float = 1,
         num_gpus: float = 0,

@@ -37,8 +37,8 @@ from rstar2.runtime.placement import ClosableSandbox, Placement, placement_for
 if TYPE_CHECKING:
     from rstar2.agent.loop import AgentSettings, Trajectory
     from rstar2.agent.template import ChatTemplate
+    from rstar2.learner.build import LearnerSettings
     from rstar2.learner.protocol import Learner
-    from rstar2.learner.torch_backend import TorchLearnerSettings
     from rstar2.reward.scorer import RewardScorer
     from rstar2.rollout.dispatch import Dispatcher
     from rstar2.rollout.engine import Engine
@@ -106,7 +106,7 @@ class Runtime:
     async def __aexit__(self, *exc: Any) -> bool | None:
         return await self._stack.__aexit__(*exc)
 
-    def open_learner(self, settings: TorchLearnerSettings) -> Learner:
+    def open_learner(self, settings: LearnerSettings) -> Learner:
         """The learner, closed with the runtime."""
         learner = self.placement.start_learner(settings)
         self._stack.callback(learner.close)

@@ -16,8 +16,8 @@ from rstar2.agent.loop import Sandbox
 from rstar2.config import Config
 
 if TYPE_CHECKING:
+    from rstar2.learner.build import LearnerSettings
     from rstar2.learner.protocol import Learner
-    from rstar2.learner.torch_backend import TorchLearnerSettings
     from rstar2.rollout.engine import Engine
     from rstar2.rollout.vllm_engine import VLLMEngineConfig
     from sandbox_pool.pool import PoolConfig
@@ -46,7 +46,7 @@ class Placement(Protocol):
         """A started embedded sandbox pool (IsolationUnavailable when a layer is missing)."""
         ...
 
-    def start_learner(self, settings: TorchLearnerSettings) -> Learner: ...
+    def start_learner(self, settings: LearnerSettings) -> Learner: ...
 
 
 class LocalPlacement:
@@ -77,10 +77,10 @@ class LocalPlacement:
             raise
         return pool
 
-    def start_learner(self, settings: TorchLearnerSettings) -> Learner:
-        from rstar2.learner.torch_backend import TorchLearner
+    def start_learner(self, settings: LearnerSettings) -> Learner:
+        from rstar2.learner.build import build_learner
 
-        return TorchLearner(settings)
+        return build_learner(settings)
 
 
 class RayPlacement:
@@ -131,7 +131,7 @@ class RayPlacement:
 
         return await RaySandbox.create(config, num_cpus=sandbox_demand(self.cfg).cpus)
 
-    def start_learner(self, settings: TorchLearnerSettings) -> Learner:
+    def start_learner(self, settings: LearnerSettings) -> Learner:
         from rstar2.learner.ray_learner import RayLearner
         from rstar2.trainer.ray_resources import learner_demand
 

@@ -14,18 +14,12 @@ from rstar2.config import Config, ConfigError
 from rstar2.runtime import ServicesSpec
 
 if TYPE_CHECKING:
-    from rstar2.learner.torch_backend import TorchLearnerSettings
+    from rstar2.learner.build import LearnerSettings
 
 
 def check_supported(cfg: Config) -> None:
     """ConfigError for what this build cannot run as configured."""
-    if cfg.learner.backend != "torch":
-        raise ConfigError(
-            "learner.backend",
-            "'megatron' is a library so far (rstar2.learner.megatron: log-probs, train steps "
-            "and weight export under torchrun); rstar2 train needs its checkpoints, not built "
-            "yet: use 'torch'",
-        )
+    check_learner_supported(cfg)
     c = cfg.cluster
     if c.num_nodes > 1 and not c.ray:
         raise ConfigError("cluster.num_nodes", "more than one node needs cluster.ray: true")
@@ -43,10 +37,20 @@ def check_supported(cfg: Config) -> None:
         )
 
 
-def learner_settings(cfg: Config, model_path: str) -> TorchLearnerSettings:
-    from rstar2.learner.torch_backend import TorchLearnerSettings
+def check_learner_supported(cfg: Config) -> None:
+    """ConfigError when ``cfg.learner``'s backend cannot run here (what ``rstar2 sft`` needs)."""
+    if cfg.learner.backend == "megatron":
+        from rstar2.learner.megatron.setup import why_megatron_cannot_run
 
-    return TorchLearnerSettings.from_config(cfg, model_path)
+        reason = why_megatron_cannot_run(cfg.cluster.accelerator)
+        if reason:
+            raise ConfigError("learner.backend", reason)
+
+
+def learner_settings(cfg: Config, model_path: str) -> LearnerSettings:
+    from rstar2.learner.build import learner_settings
+
+    return learner_settings(cfg, model_path)
 
 
 def agent_settings(cfg: Config, max_turns: int, max_tokens: int) -> AgentSettings:

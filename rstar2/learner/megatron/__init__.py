@@ -8,9 +8,11 @@ parallelism over a GPTModel built from an HF Qwen2/Qwen3 config.
 - :mod:`~rstar2.learner.megatron.attention`, :mod:`~rstar2.learner.megatron.flex`: exact
   causal attention on packed sequences without transformer-engine (SDPA per sequence on CPU,
   flex attention with a block-sparse document mask on GPU).
-- :mod:`~rstar2.learner.megatron.learner`: the Learner protocol (log-probs, train step,
-  weights), through megatron's pipeline schedule, DDP and optimizer.
+- :mod:`~rstar2.learner.megatron.learner`: the Learner protocol (log-probs, RL and SFT steps),
+  through megatron's pipeline schedule, DDP and optimizer; :mod:`~.export` (HF-named weights
+  for sync and HF folders), :mod:`~.checkpoint` (dist_checkpointing, loadable at any layout),
+  :mod:`~.setup` (device, process group, DDP, whether megatron can run here).
 
-Not yet: checkpoints (dist_checkpointing), SFT steps, sequence parallelism; ``rstar2 train``
-refuses the backend until checkpoints exist.
+megatron-core assumes CUDA: on a CPU it runs only under the test-support redirections of
+tests/helpers/megatron_cpu.py, and ``rstar2 train`` refuses it there otherwise.
 """

@@ -94,3 +94,25 @@ def ensure_process_group(device: torch.device) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
+def why_megatron_cannot_run(accelerator: str) -> str | None:
+    """Why the megatron backend cannot run in this environment on ``accelerator``, or None.
+
+    megatron-core must import; and on the CPU it must have been made to run there: megatron-core
+    calls ``torch.cuda.current_device()`` on its model path, which a CPU-only torch refuses
+    (tests/helpers/megatron_cpu.py redirects it for the CPU tests; nothing in the package does)."""
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as e:
+        return f"megatron-core does not import here ({e}); install it: pip install megatron-core"
+    if accelerator != "cpu":
+        return None
+    try:
+        torch.cuda.current_device()
+    except (AssertionError, RuntimeError):
+        return (
+            "megatron-core needs a GPU (cluster.accelerator is 'cpu' and it assumes CUDA); "
+            "use learner.backend 'torch' on the CPU"
+        )
+    return None

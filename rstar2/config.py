@@ -331,6 +331,11 @@ class MegatronLearnerConfig(_LearnerSection):
     backend: Literal["megatron"] = Field(description="megatron (megatron-core TP/PP).")
     tensor_parallel_size: int = Field(1, ge=1, description="Tensor parallel degree.")
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline parallel degree.")
+    sequence_parallel: bool = Field(
+        False,
+        description="Split norms, dropout and residuals along the sequence across the TP ranks "
+        "(activation memory / TP); needs tensor_parallel_size > 1.",
+    )
 
 
 LearnerConfig = Annotated[

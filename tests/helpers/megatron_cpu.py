@@ -10,7 +10,8 @@ token counts), ``.cuda()`` on CPU tensors. :func:`install` redirects exactly tho
   torch itself);
 - ``Tensor.cuda()`` returns the tensor on a CPU-only build;
 - ``Tensor.type()`` called from megatron.core code names a CPU float tensor as its CUDA type (the
-  grad-clip code asserts ``param.grad.type() == "torch.cuda.FloatTensor"``).
+  grad-clip code asserts ``param.grad.type() == "torch.cuda.FloatTensor"``);
+- the model-parallel RNG tracker's "CUDA" states are CPU generator states.
 Nothing changes on a machine with a GPU (install() is a no-op there). Call it in every process
 before building a megatron model (the test workers do; so does the sitecustomize the end-to-end
 tests put on PYTHONPATH).
@@ -38,6 +39,7 @@ _MODULES = (
     "megatron.core.pipeline_parallel.p2p_communication",
     "megatron.core.models.gpt",
     "megatron.core.tensor_parallel",
+    "megatron.core.tensor_parallel.random",
     "megatron.core.dist_checkpointing",
     "megatron.core.dist_checkpointing.exchange_utils",
     "megatron.core.dist_checkpointing.strategies.torch",
@@ -75,6 +77,10 @@ class _CpuCuda(types.ModuleType):
         super().__init__("torch.cuda")
         self.synchronize = lambda *a, **k: None
         self.current_device = lambda: "cpu"
+        # the model-parallel RNG tracker keeps "CUDA" states: the CPU generator's state here,
+        # and seeding leaves the process's CPU generator alone (dropout is off in these tests)
+        self.get_rng_state = lambda *a, **k: torch.get_rng_state()
+        self.manual_seed = lambda *a, **k: None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)
@@ -116,6 +122,10 @@ def install() -> None:
     torch.Tensor.type = _type_as_cuda_for_megatron(torch.Tensor.type)  # type: ignore[method-assign]
     for name in _MODULES:
         importlib.import_module(name)
+    from megatron.core.tensor_parallel import random as tp_random
+
+    tp_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    tp_random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
     proxy = _CpuTorch()
     for name, module in list(sys.modules.items()):
         if name.startswith("megatron.core") and getattr(module, "torch", None) is torch:

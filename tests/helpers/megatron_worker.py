@@ -1,13 +1,14 @@
 """One rank of a megatron learner run on CPU, for the parity and checkpoint tests:
 
     python -m torch.distributed.run --nproc-per-node N -m tests.helpers.megatron_worker \\
-        parity MODEL_DIR OUT.pt TP PP
+        parity MODEL_DIR OUT.pt TP PP [sp]
     python -m torch.distributed.run --nproc-per-node 2 -m tests.helpers.megatron_worker \\
         checkpoint MODEL_DIR OUT.pt CHECKPOINT_DIR
 
-parity: for each loss aggregation, a fresh learner on MODEL_DIR gives the batch's log-probs, one
-train step's metrics and gradients (HF-named, gathered), the log-probs after it, and the exported
-HF weights; and one SFT step's metrics and weights.
+parity (``sp``: with sequence parallelism): for each loss aggregation, a fresh learner on
+MODEL_DIR gives the batch's log-probs, one train step's metrics and gradients (HF-named,
+gathered), the log-probs after it, and the exported HF weights; and one SFT step's metrics and
+weights.
 checkpoint: at TP=2, a step, a save, and the next step; a fresh TP=2 learner loads and takes the
 same next step; a PP=2 learner loads the same checkpoint, gives its log-probs and takes the step.
 Rank 0 writes the results to OUT.pt.
@@ -36,7 +37,12 @@ MICRO_BATCH_TOKENS = 96  # several micro-batches per step
 
 
 def settings(
-    model_dir: str, tp: int, pp: int, agg: str, optim: OptimConfig = PARITY_OPTIM
+    model_dir: str,
+    tp: int,
+    pp: int,
+    agg: str,
+    optim: OptimConfig = PARITY_OPTIM,
+    sequence_parallel: bool = False,
 ) -> MegatronLearnerSettings:
     return MegatronLearnerSettings(
         model_path=model_dir,
@@ -45,6 +51,7 @@ def settings(
             backend="megatron",
             tensor_parallel_size=tp,
             pipeline_parallel_size=pp,
+            sequence_parallel=sequence_parallel,
             micro_batch_tokens_per_gpu=MICRO_BATCH_TOKENS,
             activation_checkpointing=False,
         ),
@@ -69,8 +76,8 @@ def _gradients(learner: MegatronLearner) -> dict[str, torch.Tensor]:
     return {k: v for part in every if part for k, v in part.items()}
 
 
-def run(model_dir: str, tp: int, pp: int, agg: str) -> dict[str, object]:
-    learner = MegatronLearner(settings(model_dir, tp, pp, agg))
+def run(model_dir: str, tp: int, pp: int, agg: str, sp: bool) -> dict[str, object]:
+    learner = MegatronLearner(settings(model_dir, tp, pp, agg, sequence_parallel=sp))
     batch = random_batch(6, seed=0)
     before = learner.compute_logprobs(batch)
     grads: dict[str, torch.Tensor] = {}
@@ -98,17 +105,17 @@ def _weights(learner: MegatronLearner) -> dict[str, torch.Tensor]:
     return {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}
 
 
-def run_sft(model_dir: str, tp: int, pp: int) -> dict[str, object]:
-    learner = MegatronLearner(settings(model_dir, tp, pp, "token-mean"))
+def run_sft(model_dir: str, tp: int, pp: int, sp: bool) -> dict[str, object]:
+    learner = MegatronLearner(settings(model_dir, tp, pp, "token-mean", sequence_parallel=sp))
     metrics = learner.sft_step(random_batch(6, seed=0))
     weights = _weights(learner)
     learner.close()
     return {"metrics": metrics, "weights": weights}
 
 
-def parity(model_dir: str, tp: int, pp: int) -> dict[str, object]:
-    results: dict[str, object] = {agg: run(model_dir, tp, pp, agg) for agg in AGGREGATIONS}
-    return results | {"sft": run_sft(model_dir, tp, pp)}
+def parity(model_dir: str, tp: int, pp: int, sp: bool) -> dict[str, object]:
+    results: dict[str, object] = {agg: run(model_dir, tp, pp, agg, sp) for agg in AGGREGATIONS}
+    return results | {"sft": run_sft(model_dir, tp, pp, sp)}
 
 
 def checkpoint(model_dir: str, folder: str) -> dict[str, object]:
@@ -144,7 +151,7 @@ CHECKPOINT_OPTIM = OptimConfig(lr=1e-3, warmup_steps=3, weight_decay=0.1)
 def main(argv: list[str]) -> None:
     mode, model_dir, out = argv[:3]
     if mode == "parity":
-        results = parity(model_dir, int(argv[3]), int(argv[4]))
+        results = parity(model_dir, int(argv[3]), int(argv[4]), argv[5:] == ["sp"])
     else:
         results = checkpoint(model_dir, argv[3])
     if dist.get_rank() == 0:

@@ -29,12 +29,14 @@ from tests.helpers.megatron_worker import (
 )
 
 pytestmark = pytest.mark.timeout(600)
-# (TP, PP, model): Qwen3 untied, Qwen3 with embeddings tied across pipeline stages, Qwen2
+# (TP, PP, model, sequence parallel): Qwen3 untied, Qwen3 with embeddings tied across pipeline
+# stages, Qwen2 (q/k/v biases)
 LAYOUTS = {
-    "tp2": (2, 1, "qwen3"),
-    "pp2": (1, 2, "qwen3"),
-    "tp2pp2-tied": (2, 2, "qwen3-tied"),
-    "tp2-qwen2": (2, 1, "qwen2"),
+    "tp2": (2, 1, "qwen3", False),
+    "pp2": (1, 2, "qwen3", False),
+    "tp2pp2-tied": (2, 2, "qwen3-tied", False),
+    "tp2-qwen2": (2, 1, "qwen2", False),
+    "tp2-sp": (2, 1, "qwen3", True),
 }
 
 
@@ -118,9 +120,9 @@ def _gap(a: list[list[float]], b: list[list[float]]) -> float:
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_megatron_equals_the_torch_backend(layout: str, models, tmp_path: Path) -> None:
-    tp, pp, kind = LAYOUTS[layout]
+    tp, pp, kind, sp = LAYOUTS[layout]
     out = tmp_path / "megatron.pt"
-    _torchrun(tp * pp, "parity", models[kind], out, tp, pp)
+    _torchrun(tp * pp, "parity", models[kind], out, tp, pp, *(["sp"] if sp else []))
     runs = torch.load(out, weights_only=False)
     _check_sft(runs["sft"], models[kind])
     for agg in AGGREGATIONS:

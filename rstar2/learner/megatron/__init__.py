@@ -16,3 +16,13 @@ parallelism over a GPTModel built from an HF Qwen2/Qwen3 config.
 megatron-core assumes CUDA: on a CPU it runs only under the test-support redirections of
 tests/helpers/megatron_cpu.py, and ``rstar2 train`` refuses it there otherwise.
 """
+
+import warnings
+
+# megatron-core warns at import that TE and Apex are absent (the local spec is what this backend
+# builds on purpose) and that a recompute scope it sets itself is deprecated: noise for a user
+for _message in (
+    r"(Transformer Engine|Apex).* not installed",
+    r"full scope is deprecated",
+):
+    warnings.filterwarnings("ignore", message=_message, category=UserWarning)

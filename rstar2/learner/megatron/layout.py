@@ -47,6 +47,7 @@ class Layout:
     data_parallel: int
     layers_per_stage: int
     padded_vocab_size: int  # the vocabulary padded so every TP rank holds an equal slice
+    sequence_parallel: bool = False
 
     @property
     def world_size(self) -> int:
@@ -71,6 +72,10 @@ def check_layout(
             raise ConfigError(tp_key, f"the model's {count} {what} do not divide by TP={tp}")
     if shape.num_layers % pp:
         raise ConfigError(pp_key, f"the model's {shape.num_layers} layers do not divide by PP={pp}")
+    if section.sequence_parallel and tp == 1:
+        raise ConfigError(
+            "learner.sequence_parallel", "splits the sequence over TP ranks: needs TP > 1"
+        )
     if world_size % (tp * pp):
         raise ConfigError(
             tp_key,
@@ -83,4 +88,5 @@ def check_layout(
         data_parallel=world_size // (tp * pp),
         layers_per_stage=shape.num_layers // pp,
         padded_vocab_size=-(-shape.vocab_size // step) * step,
+        sequence_parallel=section.sequence_parallel,
     )

@@ -87,7 +87,10 @@ class MegatronLearner:
         self.hf_config = AutoConfig.from_pretrained(settings.model_path)
         self.layout = check_layout(settings.learner, ModelShape.from_hf(self.hf_config), self.world)
         if not ps.model_parallel_is_initialized():
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
             ps.initialize_model_parallel(self.layout.tensor_parallel, self.layout.pipeline_parallel)
+            model_parallel_cuda_manual_seed(settings.seed)  # the RNG streams megatron forks
         elif (
             ps.get_tensor_model_parallel_world_size(),
             ps.get_pipeline_model_parallel_world_size(),
@@ -307,9 +310,10 @@ class MegatronLearner:
 
         def forward_step(_data: Any, model: Any) -> tuple[torch.Tensor, Any]:
             mb = next(it)
-            bounds = [0, *torch.tensor(mb.lengths).cumsum(0).tolist()]
+            ids, positions, lengths = self._padded(mb)
+            bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
             cu = torch.tensor(bounds, dtype=torch.int32, device=self.device)
-            longest = max(mb.lengths)
+            longest = max(lengths)
             packed = PackedSeqParams(
                 qkv_format="thd",
                 cu_seqlens_q=cu,
@@ -318,13 +322,11 @@ class MegatronLearner:
                 max_seqlen_kv=longest,
             )
             out = model(
-                input_ids=mb.input_ids,
-                position_ids=mb.position_ids,
-                attention_mask=None,
-                packed_seq_params=packed,
+                input_ids=ids, position_ids=positions, attention_mask=None, packed_seq_params=packed
             )
 
             def reduce(logits: torch.Tensor) -> tuple[torch.Tensor, Any]:
+                logits = logits[:, : mb.num_tokens]  # without the padding
                 lp = self._token_logprobs(logits, mb.targets) * mb.valid  # [1, T]
                 if objective is None:
                     return lp.sum() * 0, lp[0].detach()
@@ -345,6 +347,18 @@ class MegatronLearner:
                 forward_only=forward_only,
             )
         )
+
+    def _padded(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Token ids, positions and sequence lengths of ``mb``, with a padding sequence at the
+        end where sequence parallelism needs the row to divide by TP (it attends only to
+        itself, and its outputs are dropped)."""
+        tp = self.layout.tensor_parallel
+        pad = -mb.num_tokens % tp if self.layout.sequence_parallel else 0
+        if not pad:
+            return mb.input_ids, mb.position_ids, mb.lengths
+        filler = torch.arange(pad, device=mb.input_ids.device)[None]
+        ids = torch.cat([mb.input_ids, torch.zeros_like(filler)], dim=1)
+        return ids, torch.cat([mb.position_ids, filler], dim=1), [*mb.lengths, pad]
 
     def _token_logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """log p(target) from this rank's vocabulary slice of ``logits`` [1, T, V/TP], by

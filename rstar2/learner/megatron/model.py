@@ -29,7 +29,6 @@ class ModelSpec:
     hf_config: Any
     layout: Layout
     params_dtype: torch.dtype = torch.float32
-    sequence_parallel: bool = False
     activation_checkpointing: bool = False
 
     @property
@@ -90,7 +89,7 @@ def transformer_config(spec: ModelSpec) -> Any:
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=lay.tensor_parallel,
         pipeline_model_parallel_size=lay.pipeline_parallel,
-        sequence_parallel=spec.sequence_parallel,
+        sequence_parallel=lay.sequence_parallel,
         params_dtype=spec.params_dtype,
         pipeline_dtype=spec.params_dtype,
         bf16=spec.params_dtype == torch.bfloat16,
@@ -102,15 +101,42 @@ def transformer_config(spec: ModelSpec) -> Any:
     )
 
 
+class RMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm as a megatron norm module: in ``params_dtype``, and with its weight
+    marked ``sequence_parallel`` under sequence parallelism, so finalize_model_grads sums its
+    gradient over the TP ranks that each saw part of the sequence (megatron's local spec has
+    no such norm: its torch norm refuses sequence parallelism)."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
+        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+
+
 def layer_spec(spec: ModelSpec) -> Any:
-    """The local spec with our packed core attention (TE's spec is not used without TE)."""
+    """The local spec with our packed core attention and norms (TE's spec needs TE)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from rstar2.learner.megatron.attention import PackedCoreAttention
 
     local = get_gpt_layer_local_spec(qk_layernorm=spec.dims.qk_layernorm, normalization="RMSNorm")
-    local.submodules.self_attention.submodules.core_attention = PackedCoreAttention
+    layer = local.submodules
+    layer.self_attention.submodules.core_attention = PackedCoreAttention
+    layer.input_layernorm = layer.pre_mlp_layernorm = RMSNorm
+    if spec.dims.qk_layernorm:
+        layer.self_attention.submodules.q_layernorm = RMSNorm
+        layer.self_attention.submodules.k_layernorm = RMSNorm
     return local
+
+
+def block_spec(spec: ModelSpec, config: Any) -> Any:
+    """This stage's decoder layers and its final norm (ours, like the layers' norms)."""
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    layers = [layer_spec(spec)] * get_num_layers_to_build(config)
+    return TransformerBlockSubmodules(layer_specs=layers, layer_norm=RMSNorm)
 
 
 def build_model(spec: ModelSpec, *, pre_process: bool, post_process: bool) -> Any:
@@ -120,9 +146,10 @@ def build_model(spec: ModelSpec, *, pre_process: bool, post_process: bool) -> An
 
     check_model(spec.hf_config)
     hf = spec.hf_config
+    config = transformer_config(spec)
     model = GPTModel(
-        config=transformer_config(spec),
-        transformer_layer_spec=layer_spec(spec),
+        config=config,
+        transformer_layer_spec=block_spec(spec, config),
         vocab_size=spec.layout.padded_vocab_size,
         max_sequence_length=int(getattr(hf, "max_position_embeddings", 32768)),
         pre_process=pre_process,
@@ -133,9 +160,6 @@ def build_model(spec: ModelSpec, *, pre_process: bool, post_process: bool) -> An
         parallel_output=True,
     )
     _mark_tensor_parallel(model)
-    for module in model.modules():  # the local spec's torch norms ignore params_dtype
-        if isinstance(module, torch.nn.RMSNorm | torch.nn.LayerNorm):
-            module.to(spec.params_dtype)
     return model
 
 

@@ -75,6 +75,20 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_config_args(cfg)
     cfg.set_defaults(handler=_cmd_config)
 
+    layout = sub.add_parser(
+        "layout",
+        help="check the megatron learner's TP/PP layout against the model and show what each "
+        "rank holds (CPU, no weights needed: the model's config.json)",
+    )
+    _add_config_args(layout)
+    layout.add_argument(
+        "--learner-ranks",
+        type=int,
+        metavar="N",
+        help="learner GPUs in all (default TP x PP: one data-parallel replica)",
+    )
+    layout.set_defaults(handler=_cmd_layout)
+
     reward = sub.add_parser("reward", help="score one response against a ground truth")
     reward.add_argument("response", help="response text, or @FILE to read it from a file")
     reward.add_argument("ground_truth", help="the reference answer")
@@ -213,6 +227,34 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from rstar2.chat import run_chat
 
     return asyncio.run(run_chat(args))
+
+
+def _cmd_layout(args: argparse.Namespace) -> int:
+    from rstar2.config import MegatronLearnerConfig
+    from rstar2.config_io import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    section = cfg.learner
+    if not isinstance(section, MegatronLearnerConfig):
+        print("learner.backend is 'torch': FSDP shards over any number of ranks; no layout")
+        return 0
+    config_file = Path(cfg.model.path) / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(
+            "model.path",
+            f"{cfg.model.path} has no config.json here (a hub id must be downloaded first, or "
+            "point model.path at a folder holding the model's config.json)",
+        )
+    from transformers import AutoConfig
+
+    from rstar2.learner.megatron.plan import plan_learner
+
+    ranks = args.learner_ranks or section.tensor_parallel_size * section.pipeline_parallel_size
+    if ranks < 1:
+        raise ConfigError("--learner-ranks", "must be at least 1")
+    plan = plan_learner(section, AutoConfig.from_pretrained(config_file.parent), ranks)
+    print(f"learner: {ranks} ranks, {plan.describe()}")
+    return 0
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rstar2.algo.loss import LossSettings
-from rstar2.config import TorchLearnerConfig
+from rstar2.config import ConfigError, TorchLearnerConfig
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 from rstar2.tiny import build_tiny_model
 from tests.conftest import REPO
@@ -189,3 +189,66 @@ def test_a_checkpoint_resumes_bit_exactly_and_loads_at_another_layout(
     for key in ("pg_loss", "grad_norm", "lr", "step", "tokens"):
         assert resharded["metrics"][key] == pytest.approx(going_on["metrics"][key], rel=1e-5)
     print(f"TP2 -> PP2 log-probs {_gap(resharded['logprobs'], got['saved']):.1e}")
+
+
+# Qwen3-14B's published config (what configs/rstar2_14b_mi300x.yaml trains), without weights
+QWEN3_14B = {
+    "hidden_size": 5120,
+    "intermediate_size": 17408,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.fixture(scope="module")
+def qwen3_14b_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import Qwen3Config
+
+    folder = tmp_path_factory.mktemp("qwen3-14b")
+    Qwen3Config(**QWEN3_14B).save_pretrained(folder)
+    return folder
+
+
+def test_the_14b_recipe_layout_is_planned_on_a_cpu(qwen3_14b_config: Path) -> None:
+    """`rstar2 layout` on the 14B recipe: megatron-core builds the whole model on the meta
+    device at TP=4 (about a second, no memory) and the counts are Qwen3-14B's; a layout that
+    cannot work is a config error naming its key, before any GPU is booked."""
+    from tests.conftest import run_cli
+
+    recipe = str(REPO / "configs" / "rstar2_14b_mi300x.yaml")
+    res = run_cli("layout", "--config", recipe, f"model.path={qwen3_14b_config}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "TP=4 x PP=1 x DP=1; 14.77B parameters" in res.stdout  # Qwen3-14B: 14.8B
+    assert "per rank by stage: 3.69B" in res.stdout
+    res = run_cli("layout", "--config", recipe, f"model.path={qwen3_14b_config}",
+                  "learner.pipeline_parallel_size=3")  # fmt: skip
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "learner.pipeline_parallel_size: the model's 40 layers do not divide by PP=3" in (
+        res.stderr
+    )
+
+
+def test_a_plan_counts_every_parameter_once_per_stage(qwen3_14b_config: Path) -> None:
+    from transformers import AutoConfig
+
+    from rstar2.config import MegatronLearnerConfig
+    from rstar2.learner.megatron.plan import plan_learner
+
+    hf = AutoConfig.from_pretrained(qwen3_14b_config)
+    section = MegatronLearnerConfig(
+        backend="megatron", tensor_parallel_size=1, pipeline_parallel_size=2
+    )
+    plan = plan_learner(section, hf, world_size=4)
+    assert plan.layout.data_parallel == 2
+    assert sum(plan.params_per_rank) == plan.total_params  # TP=1, untied: nothing shared
+    embedding = 151936 * 5120
+    assert plan.params_per_rank[0] - embedding == plan.params_per_rank[1] - embedding - 5120
+    with pytest.raises(ConfigError, match=r"learner\.tensor_parallel_size"):
+        plan_learner(section.model_copy(update={"tensor_parallel_size": 3}), hf, world_size=3)

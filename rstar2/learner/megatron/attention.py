@@ -1,28 +1,52 @@
-"""Core attention for megatron-core's GPTModel without transformer-engine: exact causal
+"""Core attention for megatron-core's GPTModel without transformer-engine: RoPE and exact causal
 attention on packed (THD) sequences, plugged in through the layer spec.
 
 megatron-core's only TE-free core attention (``DotProductAttention``) materialises S x S scores
-and rejects packed input. This module takes the same constructor and ``forward`` arguments
-(the spec's ``core_attention`` slot) and attends within each packed sequence only:
-- CPU: one causal ``scaled_dot_product_attention`` per sequence (exact; matches
-  ``DotProductAttention`` on unpacked input to float rounding).
-- GPU: one flex-attention call over the whole pack with a block-sparse causal-document mask
-  (:mod:`rstar2.learner.megatron.flex`).
+and rejects packed input; and its TE-free RoPE for packed input reads the sequence lengths back
+from the device in every layer (a host sync each time, measured as GPU idle on the H200). This
+module takes the core attention's constructor and ``forward`` arguments (the spec's
+``core_attention`` slot) and, from the learner's :class:`PackedRows` (host-side bounds and one
+RoPE table per pack, built once per micro-batch; megatron's own RoPE is off):
+- rotates queries and keys by each token's position in its own sequence (as transformers does);
+- attends within each packed sequence only: on CPU one causal ``scaled_dot_product_attention``
+  per sequence (exact), on GPU one flex-attention call over the pack with a block-sparse
+  causal-document mask (:mod:`rstar2.learner.megatron.flex`).
 
-Shapes (as megatron's attention passes them): THD ``[T, heads, head_dim]`` in, ``[T, heads *
-head_dim]`` out; SBHD ``[S, B, heads, head_dim]`` in, ``[S, B, heads * head_dim]`` out. Keys and
-values have ``num_query_groups`` heads per rank (grouped-query attention).
+Shapes (as megatron's attention passes them): ``[T, heads, head_dim]`` in, ``[T, heads *
+head_dim]`` out; keys and values have ``num_query_groups`` heads per rank (grouped-query
+attention).
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
+
+from rstar2.learner.megatron.rope import rotate
+
+
+@dataclass
+class PackedRows(PackedSeqParams):
+    """megatron's packed-sequence parameters (THD) plus what :class:`PackedCoreAttention`
+    needs without a device sync: the sequence bounds on the host, and every token's RoPE
+    ``cos`` / ``sin`` (``[T, 1, head_dim]``, from :func:`.rope.rope_tables`)."""
+
+    bounds: tuple[int, ...] = ()
+    rope_cos: torch.Tensor | None = None
+    rope_sin: torch.Tensor | None = None
+
+
+@cache
+def _fused_rotate() -> Any:
+    return torch.compile(rotate, dynamic=True)  # one kernel per tensor on GPU
 
 
 class PackedCoreAttention(MegatronModule):
@@ -59,15 +83,14 @@ class PackedCoreAttention(MegatronModule):
     ) -> torch.Tensor:
         if attention_bias is not None:
             raise ValueError("PackedCoreAttention takes no attention bias")
-        if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
-            bounds = packed_seq_params.cu_seqlens_q.tolist()
-            out = self._packed(query, key, value, bounds)
-            return out.reshape(out.shape[0], -1)
-        # SBHD: each of the B rows is one sequence
-        s, b = query.shape[:2]
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [B, H, S, D]
-        out = _sdpa(q, k, v, self.softmax_scale)
-        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+        rows = packed_seq_params
+        if not isinstance(rows, PackedRows) or rows.rope_cos is None or rows.rope_sin is None:
+            raise ValueError("PackedCoreAttention takes the learner's PackedRows (packed input)")
+        turn = _fused_rotate() if query.is_cuda else rotate
+        query = turn(query, rows.rope_cos, rows.rope_sin)
+        key = turn(key, rows.rope_cos, rows.rope_sin)
+        out = self._packed(query, key, value, list(rows.bounds))
+        return out.reshape(out.shape[0], -1)
 
     def _packed(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: list[int]

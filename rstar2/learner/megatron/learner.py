@@ -32,7 +32,8 @@ from rstar2.learner.megatron import checkpoint
 from rstar2.learner.megatron.convert import Dims, Fetch, Shard, mcore_shard
 from rstar2.learner.megatron.export import hf_units
 from rstar2.learner.megatron.layout import ModelShape, check_layout
-from rstar2.learner.megatron.model import ModelSpec, build_model
+from rstar2.learner.megatron.model import ModelSpec, build_model, rope_theta
+from rstar2.learner.megatron.rope import rope_inverse_frequencies, rope_tables
 from rstar2.learner.megatron.setup import (
     ensure_process_group,
     hf_fetch,
@@ -118,6 +119,9 @@ class MegatronLearner:
             activation_checkpointing=settings.learner.activation_checkpointing,
         )
         self.dims: Dims = self.spec.dims
+        self._inv_freq = rope_inverse_frequencies(
+            rope_theta(self.hf_config), self.dims.head_dim, self.device
+        )
         model = build_model(
             self.spec, pre_process=self.shard.first_stage, post_process=self.shard.last_stage
         )
@@ -302,8 +306,9 @@ class MegatronLearner:
     ) -> list[Any]:
         """Every micro-batch through the pipeline; the last stage's per-micro-batch outputs:
         the objective's metrics, or the log-probs when there is no objective."""
-        from megatron.core.packed_seq_params import PackedSeqParams
         from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        from rstar2.learner.megatron.attention import PackedRows
 
         n = len(mbs)
         it = iter(mbs)
@@ -314,12 +319,16 @@ class MegatronLearner:
             bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
             cu = torch.tensor(bounds, dtype=torch.int32, device=self.device)
             longest = max(lengths)
-            packed = PackedSeqParams(
+            cos, sin = rope_tables(positions[0], self._inv_freq, self.spec.params_dtype)
+            packed = PackedRows(
                 qkv_format="thd",
                 cu_seqlens_q=cu,
                 cu_seqlens_kv=cu,
                 max_seqlen_q=longest,
                 max_seqlen_kv=longest,
+                bounds=tuple(bounds),
+                rope_cos=cos,
+                rope_sin=sin,
             )
             out = model(
                 input_ids=ids, position_ids=positions, attention_mask=None, packed_seq_params=packed

@@ -155,8 +155,7 @@ def build_model(spec: ModelSpec, *, pre_process: bool, post_process: bool) -> An
         pre_process=pre_process,
         post_process=post_process,
         share_embeddings_and_output_weights=bool(hf.tie_word_embeddings),
-        position_embedding_type="rope",
-        rotary_base=int(rope_theta(hf)),
+        position_embedding_type="none",  # RoPE is applied by PackedCoreAttention
         parallel_output=True,
     )
     _mark_tensor_parallel(model)

@@ -35,6 +35,7 @@ from rstar2.learner.megatron.layout import ModelShape, check_layout
 from rstar2.learner.megatron.model import ModelSpec, build_model, rope_theta
 from rstar2.learner.megatron.rope import rope_inverse_frequencies, rope_tables
 from rstar2.learner.megatron.setup import (
+    build_optimizer,
     ensure_process_group,
     hf_fetch,
     load_weights,
@@ -211,21 +212,9 @@ class MegatronLearner:
 
     def reset_optimizer(self) -> None:
         """Fresh AdamW state and a new warm-up (a new RL stage); the step count goes on."""
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-        o = self.settings.optim
-        config = OptimizerConfig(
-            optimizer="adam",
-            lr=o.lr,
-            weight_decay=o.weight_decay,
-            adam_beta1=o.betas[0],
-            adam_beta2=o.betas[1],
-            clip_grad=o.grad_clip_norm,
-            use_distributed_optimizer=self.data_parallel > 1,
-            bf16=self.bf16,
-            params_dtype=self.spec.params_dtype,
+        self.optimizer = build_optimizer(
+            self.settings.optim, self.model, data_parallel=self.data_parallel, bf16=self.bf16
         )
-        self.optimizer = get_megatron_optimizer(config, [self.model])
         self._optimizer_steps = 0
 
     # ---- weights ----

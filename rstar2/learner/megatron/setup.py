@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rstar2.config import OptimConfig
 from rstar2.learner.megatron.convert import Fetch
 
 
@@ -31,6 +32,37 @@ def wrap_ddp(model: torch.nn.Module, *, distributed_optimizer: bool) -> Any:
     )
     config.finalize_model_grads_func = finalize_model_grads
     return DistributedDataParallel(config, ddp_config, model)
+
+
+def build_optimizer(optim: OptimConfig, model: Any, *, data_parallel: int, bf16: bool) -> Any:
+    """megatron's optimizer for the DDP-wrapped ``model``: AdamW (decay on every parameter, as
+    torch's AdamW in the torch backend), global grad-norm clip, the distributed optimizer over
+    data-parallel ranks; with bf16 parameters, fp32 master weights.
+
+    Without TE or Apex megatron-core falls back to torch's AdamW in its multi-tensor form; on
+    GPU it is switched to torch's fused kernel (one launch per step instead of a pass per
+    operation over every tensor; numerically the same update)."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        adam_beta1=optim.betas[0],
+        adam_beta2=optim.betas[1],
+        clip_grad=optim.grad_clip_norm,
+        use_distributed_optimizer=data_parallel > 1,
+        bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+    )
+    optimizer = get_megatron_optimizer(config, [model])
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = part.optimizer
+        on_gpu = all(p.is_cuda for g in inner.param_groups for p in g["params"])
+        if isinstance(inner, torch.optim.AdamW) and on_gpu and not inner.state:
+            for group in inner.param_groups:
+                group["foreach"], group["fused"] = False, True
+    return optimizer
 
 
 def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> None:

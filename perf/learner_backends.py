@@ -8,7 +8,7 @@ the megatron learner. tokens/s, MFU and peak memory of each; then one JSON line.
 - ``hf_fp32_master``: fp32 parameters under bf16 autocast (what "fp32 master weights" costs).
 - ``torch``: our torch learner (fp32 parameters, bf16 autocast, packed rows, flex attention).
 - ``megatron``: our megatron learner (bf16 parameters, fp32 master weights and gradients in
-  megatron's optimizer, packed THD with flex attention), TP=PP=1.
+  megatron's optimizer with fused AdamW, packed THD with our RoPE and flex attention), TP=PP=1.
 - ``megatron_16k``: the megatron learner on one 16,384-token sequence (does it fit, how fast).
 MFU: 6 x matmul parameters (lm_head included) + causal attention FLOPs per token (as
 perf/learner.py counts them), against the bf16 matmul peak measured in this run.

@@ -59,10 +59,13 @@ def test_megatron_on_gpu_tracks_the_torch_backend_learns_and_resumes(tmp_path: P
     print(f"megatron bf16 vs torch autocast log-probs: max {max(gaps):.3e}")
     assert max(gaps) < 0.1
     pos = [TrainSequence(s.token_ids, s.loss_mask, before[i], 1.0) for i, s in enumerate(batch)]
-    for _ in range(3):
-        metrics = learner.train_step(pos)
-        ref_metrics = reference.train_step(pos)
-    assert metrics["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], rel=0.1)
+    first, ref_first = learner.train_step(pos), reference.train_step(pos)  # the same weights
+    pairs = {k: (first[k], ref_first[k]) for k in ("grad_norm", "pg_loss")}
+    print(f"first step, megatron vs torch: {pairs}")
+    assert first["grad_norm"] == pytest.approx(ref_first["grad_norm"], rel=0.05)
+    assert first["pg_loss"] == pytest.approx(ref_first["pg_loss"], rel=0.05, abs=1e-3)
+    for _ in range(2):
+        learner.train_step(pos)
     learner.save(tmp_path / "ckpt")
     going_on = learner.train_step(pos)
     after = learner.compute_logprobs(batch)

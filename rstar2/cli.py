@@ -249,7 +249,9 @@ def _cmd_layout(args: argparse.Namespace) -> int:
 
     from rstar2.learner.megatron.plan import plan_learner
 
-    ranks = args.learner_ranks or section.tensor_parallel_size * section.pipeline_parallel_size
+    ranks = args.learner_ranks
+    if ranks is None:
+        ranks = section.tensor_parallel_size * section.pipeline_parallel_size
     if ranks < 1:
         raise ConfigError("--learner-ranks", "must be at least 1")
     plan = plan_learner(section, AutoConfig.from_pretrained(config_file.parent), ranks)

@@ -30,6 +30,9 @@ class ConfigError(ValueError):
         self.key = key
         self.message = message
 
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str]]:
+        return ConfigError, (self.key, self.message)  # crosses processes (Ray actors) whole
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -316,6 +319,12 @@ class _LearnerSection(_Section):
     activation_checkpointing: bool = Field(True, description="Recompute activations in backward.")
     weight_sync_bucket_mb: int = Field(
         512, ge=1, description="Upper bound of one weight-sync bucket sent to the engines."
+    )
+    num_ranks: int = Field(
+        1,
+        ge=1,
+        description="Learner processes (one GPU each on GPU nodes), started as a Ray learner "
+        "group; more than 1 needs cluster.ray (or torchrun for a learner-only job).",
     )
 
 

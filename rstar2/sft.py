@@ -144,34 +144,36 @@ def run_sft(
             ),
         )
     )
-    rng = random.Random(cfg.seed)
-    per_step = cfg.sft.batch_num_sequences
-    steps_per_epoch = -(-len(seqs) // per_step)
-    total_steps = steps_per_epoch * cfg.sft.num_epochs
-    start = time.perf_counter()
-    metrics: dict[str, float] = {}
-    first_nll: float | None = None
-    with (
-        open(run_dir / "metrics.jsonl", "w") as log,
-        tqdm(total=total_steps, desc="sft", unit="step", disable=quiet) as bar,
-    ):
-        for epoch in range(cfg.sft.num_epochs):
-            order = list(range(len(seqs)))
-            rng.shuffle(order)
-            for s in range(steps_per_epoch):
-                if should_stop():
-                    raise SftStopped(f"SFT stopped after {bar.n} of {total_steps} steps")
-                batch = [seqs[i] for i in order[s * per_step : (s + 1) * per_step]]
-                metrics = learner.sft_step(batch)
-                first_nll = metrics["nll"] if first_nll is None else first_nll
-                record = {"epoch": epoch, **metrics, "time_s": time.perf_counter() - start}
-                log.write(json.dumps(record) + "\n")
-                log.flush()
-                bar.update(1)
-                bar.set_postfix(nll=f"{metrics['nll']:.3f}")
-    model_dir = run_dir / "model"
-    learner.export_hf(model_dir)
-    learner.close()
+    try:
+        rng = random.Random(cfg.seed)
+        per_step = cfg.sft.batch_num_sequences
+        steps_per_epoch = -(-len(seqs) // per_step)
+        total_steps = steps_per_epoch * cfg.sft.num_epochs
+        start = time.perf_counter()
+        metrics: dict[str, float] = {}
+        first_nll: float | None = None
+        with (
+            open(run_dir / "metrics.jsonl", "w") as log,
+            tqdm(total=total_steps, desc="sft", unit="step", disable=quiet) as bar,
+        ):
+            for epoch in range(cfg.sft.num_epochs):
+                order = list(range(len(seqs)))
+                rng.shuffle(order)
+                for s in range(steps_per_epoch):
+                    if should_stop():
+                        raise SftStopped(f"SFT stopped after {bar.n} of {total_steps} steps")
+                    batch = [seqs[i] for i in order[s * per_step : (s + 1) * per_step]]
+                    metrics = learner.sft_step(batch)
+                    first_nll = metrics["nll"] if first_nll is None else first_nll
+                    record = {"epoch": epoch, **metrics, "time_s": time.perf_counter() - start}
+                    log.write(json.dumps(record) + "\n")
+                    log.flush()
+                    bar.update(1)
+                    bar.set_postfix(nll=f"{metrics['nll']:.3f}")
+        model_dir = run_dir / "model"
+        learner.export_hf(model_dir)
+    finally:
+        learner.close()
     tokenizer.save_pretrained(model_dir)
     prompt_format.save(model_dir)
     return {

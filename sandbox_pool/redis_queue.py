@@ -196,18 +196,20 @@ class RedisWorker:
         loops = [self._consume(), self._reclaim(), self._heartbeat()]
         tasks = [asyncio.create_task(c) for c in loops]
         await self._stopping.wait()
-        # the consumer sees the stop after its current blocking read; cancelling that read
-        # can wedge redis-py's connection (see RedisDispatcher.aclose)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(tasks[0]), _BLPOP_TIMEOUT_S + 10.0)
-        for task in tasks:
+        # every loop sees the stop at its next idle point (the consumer after its current
+        # one-second read): cancelling a command in flight can wedge redis-py's connection
+        # (see RedisDispatcher.aclose), so a cancel is only the fallback for a loop stuck past
+        # the grace period
+        _, stuck = await asyncio.wait(tasks, timeout=_BLPOP_TIMEOUT_S + 10.0)
+        for task in stuck:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await self._client.delete(PREFIX + "worker:" + self.name)
-        await self._client.aclose()
+        with contextlib.suppress(Exception):  # best effort: the key expires on its own
+            await asyncio.wait_for(self._client.delete(PREFIX + "worker:" + self.name), 5.0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._client.aclose(), 5.0)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -224,10 +226,15 @@ class RedisWorker:
                 for msg_id, fields in messages:
                     await self._start(msg_id, fields)
 
+    async def _idle(self, seconds: float) -> bool:
+        """Wait ``seconds`` or until :meth:`stop`; True when stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        return self._stopping.is_set()
+
     async def _reclaim(self) -> None:
         idle_ms = int(self.config.visibility_timeout_s * 1000)
-        while True:
-            await asyncio.sleep(self.config.visibility_timeout_s / 4)
+        while not await self._idle(self.config.visibility_timeout_s / 4):
             start = "0-0"
             while True:
                 reply: list[Any] = await self._client.xautoclaim(
@@ -243,7 +250,7 @@ class RedisWorker:
     async def _heartbeat(self) -> None:
         key = PREFIX + "worker:" + self.name
         ttl = max(2, int(self.config.heartbeat_s * 5))
-        while True:
+        while not self._stopping.is_set():
             info = {
                 "num_workers": self.pool.num_workers,
                 "in_flight": self.pool.in_flight,
@@ -252,7 +259,7 @@ class RedisWorker:
             }
             await self._client.set(key, json.dumps(info), ex=ttl)
             self.registered.set()
-            await asyncio.sleep(self.config.heartbeat_s)
+            await self._idle(self.config.heartbeat_s)
 
     async def _start(self, msg_id: str, fields: dict[str, str]) -> None:
         await self._slots.acquire()

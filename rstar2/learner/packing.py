@@ -126,3 +126,32 @@ def micro_batch_loss(
 def _per_sequence(flat: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
     """A packed row back to one zero-padded row per sequence (``[sequences, longest]``)."""
     return torch.nn.utils.rnn.pad_sequence(list(torch.split(flat, list(lengths))), batch_first=True)
+
+
+@dataclass(frozen=True)
+class BatchTotals:
+    """What a micro-batch's share of the whole batch is measured against."""
+
+    sequences: int
+    loss_tokens: float
+
+    @classmethod
+    def of(cls, batch: Sequence[TrainSequence]) -> BatchTotals:
+        return cls(len(batch), float(sum(sum(x.loss_mask) for x in batch)))
+
+
+def micro_batch_objective(
+    mb: MicroBatch, logprobs: torch.Tensor, settings: LossSettings, totals: BatchTotals
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The micro-batch's part of the whole batch's loss and metrics: the loss (and ``pg_loss``)
+    weighted by its share of the sequences (per-sequence aggregations) or of the loss tokens
+    (``token-mean``); the token-level metrics (clip fractions, ``approx_kl``) by its share of
+    the loss tokens. Summed over micro-batches and ranks they are the whole batch's values,
+    whatever the split."""
+    value, metrics = micro_batch_loss(mb, logprobs, settings)
+    token_share = float(mb.loss_mask.sum()) / max(totals.loss_tokens, 1.0)
+    loss_share = token_share
+    if settings.loss_agg_mode != "token-mean":
+        loss_share = len(mb.indices) / max(totals.sequences, 1)
+    weighted = {k: v * (loss_share if k == "pg_loss" else token_share) for k, v in metrics.items()}
+    return value * loss_share, weighted

@@ -33,8 +33,12 @@ class TrainSequence:
 
 
 class Learner(Protocol):
-    """What the trainer, SFT and weight sync use of a learner backend (torch here; a Ray
-    learner group and megatron implement the same)."""
+    """What the trainer, SFT and weight sync use of a learner backend (torch, megatron, and a
+    Ray learner group of either).
+
+    A learner of several ranks (torchrun, a Ray group): every rank calls each method with the
+    same arguments, the whole batch included; each rank takes its data-parallel share, and the
+    result is what one process would give on the whole batch."""
 
     @property
     def step(self) -> int:

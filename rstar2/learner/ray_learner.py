@@ -1,21 +1,25 @@
-"""The torch learner inside a Ray actor, so the trainer can place it on any node.
+"""The learner as a group of Ray actors, one per rank, so the trainer can place it anywhere.
 
-``RayLearner.create(settings)`` starts a :class:`LearnerActor` hosting one learner of the
-settings' backend (torch or megatron, one rank) and returns a client with the surface the
-trainer and :func:`~rstar2.learner.sync.sync_weights` use: ``step``, ``train_step``,
-``compute_logprobs``, ``reset_optimizer``, ``save`` / ``load`` (paths on the actor's node: a
-shared file system when it is another node), ``export_hf`` and ``named_weights``. Calls block
-until the actor answers; the actor serves one call at a time, in order.
+``RayLearner.create(settings)`` reserves a placement group of ``settings.learner.num_ranks``
+bundles (one GPU each on GPU nodes), starts one :class:`LearnerActor` per bundle, joins them in
+one torch.distributed group (NCCL on GPUs, RCCL on ROCm, gloo on CPU; rank 0's node and a free
+port there are the rendezvous), and returns a client with the :class:`Learner` surface the trainer
+and :func:`~rstar2.learner.sync.sync_weights` use. Every call goes to every rank with the same
+arguments (the batch is put in the object store once); each rank takes its data-parallel share,
+and rank 0's answer is returned: what one process gives on the whole batch. ``save`` / ``load``
+paths are on the actors' nodes (a shared file system across nodes). Calls block until every rank
+answers; each actor serves one call at a time, in order.
 
-``named_weights`` streams the buckets from the actor (a Ray streaming generator), each moved to
-CPU there, so a bucket is in flight while the next is gathered; they pass through the caller's
-process on their way to the engines. One actor is one learner rank: FSDP or megatron over
-several ranks still starts under torchrun (``launcher/``), not as Ray actors.
+``named_weights`` streams the buckets from every rank (Ray streaming generators run ahead of the
+consumer, so the ranks' collectives proceed together); rank 0's hold the tensors, moved to CPU
+there, and pass through the caller's process on their way to the engines.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +27,50 @@ from rstar2.learner.build import LearnerSettings, build_learner
 from rstar2.learner.protocol import TrainSequence
 
 
-class LearnerActor:
-    """The actor body (wrapped with ``ray.remote`` by :meth:`RayLearner.create`)."""
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank's place in the learner group's process group."""
 
-    def __init__(self, settings: LearnerSettings, num_threads: int) -> None:
+    rank: int
+    world: int
+    address: str  # rank 0's host and a free port there: tcp://HOST:PORT
+    backend: str  # "nccl" (NCCL, or RCCL on ROCm builds of torch) or "gloo"
+
+
+class LearnerActor:
+    """The actor body (wrapped with ``ray.remote`` by :meth:`RayLearner.create`): constructed
+    empty; :meth:`start` joins the group and builds the learner."""
+
+    def rendezvous(self) -> str:
+        """``tcp://HOST:PORT``: this actor's node address and a free port on it (rank 0's)."""
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = int(sock.getsockname()[1])
+        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+
+    def start(self, settings: LearnerSettings, num_threads: int, spec: RankSpec) -> None:
         import torch
+        import torch.distributed as dist
 
         # Ray sets OMP_NUM_THREADS from the actor's CPU request; the caller's count keeps CPU
         # results bit-equal to an in-process learner's (a reduction's order follows threads)
         torch.set_num_threads(num_threads)
+        if spec.world > 1:
+            host, port = spec.address.removeprefix("tcp://").rsplit(":", 1)
+            # what torchrun sets: the backends read LOCAL_RANK (one visible GPU per actor)
+            os.environ.update(
+                RANK=str(spec.rank), WORLD_SIZE=str(spec.world), LOCAL_RANK="0",
+                MASTER_ADDR=host, MASTER_PORT=port,
+            )  # fmt: skip
+            if spec.backend == "nccl":
+                torch.cuda.set_device(0)
+            dist.init_process_group(
+                spec.backend, init_method=spec.address, rank=spec.rank, world_size=spec.world
+            )
         self._learner = build_learner(settings)
 
     def step(self) -> int:
@@ -68,10 +107,11 @@ class LearnerActor:
 
 
 class RayLearner:
-    """Client of one :class:`LearnerActor`; see the module docstring."""
+    """Client of a group of :class:`LearnerActor` ranks; see the module docstring."""
 
-    def __init__(self, actor: Any, step: int) -> None:
-        self._actor = actor
+    def __init__(self, actors: list[Any], group: Any, step: int) -> None:
+        self._actors = actors
+        self._group = group
         self._step = step
 
     @classmethod
@@ -82,21 +122,78 @@ class RayLearner:
         num_cpus: float = 1,
         num_gpus: float = 0,
         num_threads: int | None = None,
+        ready_timeout_s: float = 300.0,
     ) -> RayLearner:
-        """Start the actor (needs a running ``ray.init()``); ``num_threads``: torch threads in
-        the actor, default this process's."""
+        """Start the ranks (needs a running ``ray.init()``); ``num_cpus`` / ``num_gpus`` per
+        rank; ``num_threads``: torch threads per rank, default this process's. ConfigError when
+        the cluster cannot place the ranks within ``ready_timeout_s``."""
         import ray
         import torch
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        threads = num_threads if num_threads is not None else torch.get_num_threads()
+        from rstar2.config import ConfigError
+
+        world = settings.learner.num_ranks
+        bundle = {k: v for k, v in (("CPU", num_cpus), ("GPU", num_gpus)) if v}
+        group = None
+        if bundle:  # ranks that ask for nothing (CPU learners sharing cores) need no reservation
+            group = ray.util.placement_group([bundle] * world, strategy="PACK")
+            try:
+                ray.get(group.ready(), timeout=ready_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                ray.util.remove_placement_group(group)
+                raise ConfigError(
+                    "learner.num_ranks",
+                    f"Ray could not place {world} learner ranks of {bundle} in "
+                    f"{ready_timeout_s:.0f} s: the cluster lacks the resources",
+                ) from None
         remote: Any = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(LearnerActor)
-        actor = remote.remote(settings, threads)
-        return cls(actor, int(ray.get(actor.step.remote())))
+        actors = [
+            remote.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=r
+                )
+                if group is not None
+                else None
+            ).remote()
+            for r in range(world)
+        ]
+        client = cls(actors, group, 0)
+        try:
+            address = ray.get(actors[0].rendezvous.remote()) if world > 1 else ""
+            backend = "nccl" if num_gpus else "gloo"
+            threads = num_threads if num_threads is not None else torch.get_num_threads()
+            starts = [
+                a.start.remote(settings, threads, RankSpec(r, world, address, backend))
+                for r, a in enumerate(actors)
+            ]
+            try:
+                ray.get(starts)
+            except ray.exceptions.RayTaskError as e:  # a bad layout, say: the user's error
+                if isinstance(e.cause, ConfigError):
+                    raise e.cause from None
+                raise
+            client._step = int(client._call("step"))
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self._actors)
 
     def _call(self, method: str, *args: Any) -> Any:
+        """``method`` on every rank with the same arguments; rank 0's answer."""
         import ray
 
-        return ray.get(getattr(self._actor, method).remote(*args))
+        refs = [getattr(a, method).remote(*args) for a in self._actors]
+        return ray.get(refs)[0]
+
+    def _batch(self, batch: Sequence[TrainSequence]) -> Any:
+        import ray
+
+        return ray.put(list(batch))  # once for every rank
 
     @property
     def step(self) -> int:
@@ -110,16 +207,16 @@ class RayLearner:
         self._call("reset_optimizer")
 
     def compute_logprobs(self, batch: Sequence[TrainSequence]) -> list[list[float]]:
-        logprobs: list[list[float]] = self._call("compute_logprobs", list(batch))
+        logprobs: list[list[float]] = self._call("compute_logprobs", self._batch(batch))
         return logprobs
 
     def train_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
-        metrics: dict[str, float] = self._call("train_step", list(batch))
+        metrics: dict[str, float] = self._call("train_step", self._batch(batch))
         self._step = int(metrics["step"])  # the learner reports its step after the update
         return metrics
 
     def sft_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
-        metrics: dict[str, float] = self._call("sft_step", list(batch))
+        metrics: dict[str, float] = self._call("sft_step", self._batch(batch))
         self._step = int(metrics.get("step", self._step + 1))
         return metrics
 
@@ -135,14 +232,24 @@ class RayLearner:
     def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
         import ray
 
-        stream = self._actor.named_weights.options(num_returns="streaming").remote(bucket_bytes)
-        for ref in stream:
+        streams = [
+            a.named_weights.options(num_returns="streaming").remote(bucket_bytes)
+            for a in self._actors
+        ]
+        for ref in streams[0]:
             yield ray.get(ref)
+        for stream in streams[1:]:  # empty buckets; their ranks took part in the gathers
+            for ref in stream:
+                ray.get(ref)
 
     def close(self) -> None:
-        """Stop the actor (its state is gone; save first). Idempotent."""
+        """Stop the ranks and free their placement group (their state is gone; save first).
+        Idempotent."""
         import ray
 
-        if self._actor is not None:
-            ray.kill(self._actor)
-            self._actor = None
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors = []
+        if self._group is not None:
+            ray.util.remove_placement_group(self._group)
+            self._group = None

@@ -5,7 +5,8 @@ several ranks run it (``torchrun``; gloo on CPU, NCCL/RCCL on GPU).
   position ids (:mod:`rstar2.learner.packing`); gradients accumulate over the micro-batches and
   one AdamW step (linear warm-up, global grad-norm clip) follows.
 - The loss is :func:`rstar2.algo.loss.policy_loss`, aggregated exactly as over the whole batch
-  (across micro-batches and ranks), whatever the micro-batch split.
+  (across micro-batches and ranks), whatever the micro-batch split. Under several ranks every
+  rank is given the whole batch and takes its share (every ``world``-th sequence).
 - Parameters and optimizer state are fp32; on GPU the forward runs under bf16 autocast.
 - Checkpoints use torch.distributed.checkpoint (sharded under FSDP2) plus each rank's LR
   schedule and step: load then train equals the uninterrupted run bit for bit on CPU. A step
@@ -25,7 +26,14 @@ import torch.distributed as dist
 
 from rstar2.algo.loss import LossSettings
 from rstar2.config import ConfigError, OptimConfig, TorchLearnerConfig
-from rstar2.learner.packing import MicroBatch, micro_batch_loss, pack, plan, unpack
+from rstar2.learner.packing import (
+    BatchTotals,
+    MicroBatch,
+    micro_batch_objective,
+    pack,
+    plan,
+    unpack,
+)
 from rstar2.learner.protocol import TrainSequence
 from rstar2.learner.settings import run_fields
 
@@ -132,46 +140,49 @@ class TorchLearner:
         return (chosen - torch.logsumexp(logits, dim=-1)) * mb.valid[0]
 
     def compute_logprobs(self, batch: Sequence[TrainSequence]) -> list[list[float]]:
-        groups = plan(
-            [len(s.token_ids) for s in batch], self.settings.learner.micro_batch_tokens_per_gpu
-        )
+        """Every rank is given the whole batch, computes its share's log-probs and returns all
+        of them (gathered over ranks)."""
+        mine = self._share(batch)
+        groups = self._plan(batch, mine)
         rounds = self._max_over_ranks(len(groups))
-        out: list[list[float]] = [[] for _ in batch]
+        found: dict[int, list[float]] = {}
         self.model.eval()
         with torch.no_grad():
             for r in range(rounds):
-                mb = pack(batch, groups[min(r, len(groups) - 1)]).to(self.device)
-                lp = self._token_logprobs(mb)  # every rank runs each round (FSDP collectives)
+                mb = pack(batch, groups[min(r, len(groups) - 1)] if groups else [0])
+                lp = self._token_logprobs(mb.to(self.device))  # every rank runs each round
                 if r < len(groups):
-                    for i, values in zip(mb.indices, unpack(lp, mb.lengths), strict=True):
-                        out[i] = values
-        return out
+                    found.update(zip(mb.indices, unpack(lp, mb.lengths), strict=True))
+        if self.world > 1:
+            parts: list[Any] = [None] * self.world
+            dist.all_gather_object(parts, found)
+            found = {i: v for part in parts for i, v in part.items()}
+        return [found[i] for i in range(len(batch))]
 
     # ---- the update ----
 
     def train_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
-        per_seq = self.settings.loss.loss_agg_mode != "token-mean"
-        local = float(len(batch)) if per_seq else float(sum(sum(x.loss_mask) for x in batch))
-        total = self._sum_over_ranks(local)
+        """One step on the whole ``batch`` (every rank is given all of it and trains on its
+        share: every ``world``-th sequence)."""
+        totals = BatchTotals.of(batch)
         sums: dict[str, float] = {}
         tokens = 0
         for mb, real in self._micro_batches(batch):
             lp = self._token_logprobs(mb)
-            loss, metrics = self._micro_loss(mb, lp)
-            share = (len(mb.indices) if per_seq else float(mb.loss_mask.sum())) / max(total, 1.0)
-            weight = share * self.world if real else 0.0  # FSDP averages gradients over ranks
+            loss, metrics = micro_batch_objective(mb, lp, self.settings.loss, totals)
+            weight = self.world if real else 0.0  # FSDP averages gradients over ranks
             (loss * weight).backward()
             if real:
                 tokens += mb.num_tokens
                 for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v * share
+                    sums[k] = sums.get(k, 0.0) + v
         metrics = {k: self._sum_over_ranks(v) for k, v in sums.items()}
         return metrics | self._apply_update() | {"tokens": self._sum_over_ranks(float(tokens))}
 
     def sft_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
         """One optimizer step of supervised learning: the mean negative log-likelihood of the
         tokens where ``loss_mask`` is 1 (over the whole batch, across micro-batches and ranks)."""
-        total = self._sum_over_ranks(float(sum(sum(x.loss_mask) for x in batch)))
+        total = float(sum(sum(x.loss_mask) for x in batch))
         nll_sum = 0.0
         for mb, real in self._micro_batches(batch):
             nll = -(self._token_logprobs(mb) * mb.loss_mask[0]).sum()
@@ -183,21 +194,31 @@ class TorchLearner:
         return {"nll": nll_mean, "loss_tokens": total} | self._apply_update()
 
     def _micro_batches(self, batch: Sequence[TrainSequence]) -> Iterator[tuple[MicroBatch, bool]]:
-        """The batch's packed micro-batches on the device, in training mode. Every rank runs the
-        same number of rounds (FSDP collectives); a rank with fewer repeats its first, marked
-        not real (weight 0). Gradients are reduced across ranks on the last round only."""
+        """This rank's share of the batch in packed micro-batches on the device, in training
+        mode. Every rank runs the same number of rounds (FSDP collectives); a rank with fewer
+        repeats its first (or the batch's first sequence), marked not real (weight 0).
+        Gradients are reduced across ranks on the last round only."""
         if not batch:
             raise ValueError("an empty batch")
-        groups = plan(
-            [len(x.token_ids) for x in batch], self.settings.learner.micro_batch_tokens_per_gpu
-        )
+        groups = self._plan(batch, self._share(batch))
         rounds = self._max_over_ranks(len(groups))
         self.model.train()
         sync = getattr(self.model, "set_requires_gradient_sync", None)  # FSDP2 only
         for r in range(rounds):
             if sync is not None:
                 sync(r == rounds - 1)
-            yield pack(batch, groups[min(r, len(groups) - 1)]).to(self.device), r < len(groups)
+            group = groups[min(r, len(groups) - 1)] if groups else [0]
+            yield pack(batch, group).to(self.device), r < len(groups)
+
+    def _share(self, batch: Sequence[TrainSequence]) -> list[int]:
+        """The indices of this rank's sequences: every ``world``-th, from its rank."""
+        return list(range(self.rank, len(batch), self.world))
+
+    def _plan(self, batch: Sequence[TrainSequence], indices: list[int]) -> list[list[int]]:
+        """``indices`` grouped into micro-batches (indices into ``batch``)."""
+        budget = self.settings.learner.micro_batch_tokens_per_gpu
+        groups = plan([len(batch[i].token_ids) for i in indices], budget)
+        return [[indices[j] for j in g] for g in groups]
 
     def _apply_update(self) -> dict[str, float]:
         """Clip the accumulated gradients, step optimizer and schedule; the step's metrics."""
@@ -222,11 +243,6 @@ class TorchLearner:
             self.model.save_pretrained(str(folder), state_dict=state, safe_serialization=True)
         if self.world > 1:
             dist.barrier()
-
-    def _micro_loss(
-        self, mb: MicroBatch, lp: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        return micro_batch_loss(mb, lp, self.settings.loss)
 
     # ---- weights and checkpoints ----
 

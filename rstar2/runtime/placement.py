@@ -116,7 +116,11 @@ class RayPlacement:
     def describe_learner(self, learner: Learner) -> str | None:
         from rstar2.learner.ray_learner import RayLearner
 
-        return f"in a Ray actor on {learner.device}" if isinstance(learner, RayLearner) else None
+        if not isinstance(learner, RayLearner):
+            return None
+        if learner.num_ranks == 1:
+            return f"in a Ray actor on {learner.device}"
+        return f"{learner.num_ranks} ranks in Ray actors on {learner.device}"
 
     async def start_engine(self, config: VLLMEngineConfig, tasks: asyncio.TaskGroup) -> Engine:
         from rstar2.rollout.ray_engine import RayEngine

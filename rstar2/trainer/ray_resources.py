@@ -38,7 +38,7 @@ def learner_demand(cfg: Config) -> ActorDemand:
     # on CPU the learner takes turns with the engines on the same cores; Ray places by its CPU
     # count, so it asks for none there
     gpu = cfg.cluster.accelerator != "cpu"
-    return ActorDemand("learner", 1, 1 if gpu else 0, 1 if gpu else 0)
+    return ActorDemand("learner rank", cfg.learner.num_ranks, 1 if gpu else 0, 1 if gpu else 0)
 
 
 def actor_demands(cfg: Config) -> list[ActorDemand]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from rstar2 import recipe
 from rstar2.agent.loop import AgentSettings
-from rstar2.config import Config, ConfigError
+from rstar2.config import Config, ConfigError, MegatronLearnerConfig
 from rstar2.runtime import ServicesSpec
 
 if TYPE_CHECKING:
@@ -39,6 +39,20 @@ def check_supported(cfg: Config) -> None:
 
 def check_learner_supported(cfg: Config) -> None:
     """ConfigError when ``cfg.learner``'s backend cannot run here (what ``rstar2 sft`` needs)."""
+    section = cfg.learner
+    if section.num_ranks > 1 and not cfg.cluster.ray:
+        raise ConfigError(
+            "learner.num_ranks",
+            f"{section.num_ranks} learner ranks start as a Ray learner group: set cluster.ray: "
+            "true (or launch a learner-only job under torchrun)",
+        )
+    if isinstance(section, MegatronLearnerConfig):
+        model_parallel = section.tensor_parallel_size * section.pipeline_parallel_size
+        if section.num_ranks % model_parallel:
+            raise ConfigError(
+                "learner.num_ranks",
+                f"{section.num_ranks} ranks are not a multiple of TP x PP = {model_parallel}",
+            )
     if cfg.learner.backend == "megatron":
         from rstar2.learner.megatron.setup import why_megatron_cannot_run
 

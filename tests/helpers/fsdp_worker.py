@@ -2,7 +2,8 @@
 
     torchrun --nproc_per_node 2 -m tests.helpers.fsdp_worker MODEL_DIR OUT_DIR
 
-Each rank trains on its half of the batch of tests.helpers.learner_data.random_batch(8, seed=1):
+Every rank is given the whole of tests.helpers.learner_data.random_batch(8, seed=1) and trains on
+its half:
 two steps, a sharded checkpoint after the first, then a fresh learner loads it and repeats the
 second step. Rank 0 writes both runs' final weights to OUT_DIR.
 """
@@ -23,9 +24,8 @@ from tests.helpers.learner_data import random_batch
 def main() -> None:
     model_dir, out = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     batch = random_batch(8, seed=1)
-    mine = batch[rank::world]
     settings = TorchLearnerSettings(
         model_path=model_dir,
         optim=OptimConfig(lr=1e-2, warmup_steps=0),
@@ -33,13 +33,13 @@ def main() -> None:
         device="cpu",
     )
     learner = TorchLearner(settings)
-    learner.train_step(mine)
+    learner.train_step(batch)
     learner.save(out / "ckpt")
-    second = learner.train_step(mine)
+    second = learner.train_step(batch)
     full = {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}
     resumed = TorchLearner(settings)
     resumed.load(out / "ckpt")
-    again = resumed.train_step(mine)
+    again = resumed.train_step(batch)
     full_again = {n: t.clone() for bucket in resumed.named_weights(1 << 20) for n, t in bucket}
     if rank == 0:
         torch.save({"weights": full, "metrics": second}, out / "run.pt")

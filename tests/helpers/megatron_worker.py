@@ -3,7 +3,7 @@
     python -m torch.distributed.run --nproc-per-node N -m tests.helpers.megatron_worker \\
         parity MODEL_DIR OUT.pt TP PP [sp]
     python -m torch.distributed.run --nproc-per-node 2 -m tests.helpers.megatron_worker \\
-        checkpoint MODEL_DIR OUT.pt CHECKPOINT_DIR
+        checkpoint|checkpoint-dp MODEL_DIR OUT.pt CHECKPOINT_DIR
 
 parity (``sp``: with sequence parallelism): for each loss aggregation, a fresh learner on
 MODEL_DIR gives the batch's log-probs, one train step's metrics and gradients (HF-named,
@@ -11,6 +11,7 @@ gathered), the log-probs after it, and the exported HF weights; and one SFT step
 weights.
 checkpoint: at TP=2, a step, a save, and the next step; a fresh TP=2 learner loads and takes the
 same next step; a PP=2 learner loads the same checkpoint, gives its log-probs and takes the step.
+checkpoint-dp: the same at DP=2 (see :func:`checkpoint_data_parallel`).
 Rank 0 writes the results to OUT.pt.
 """
 
@@ -30,10 +31,12 @@ from rstar2.config import MegatronLearnerConfig, OptimConfig  # noqa: E402
 from rstar2.learner.megatron.convert import hf_tensors  # noqa: E402
 from rstar2.learner.megatron.learner import MegatronLearner, MegatronLearnerSettings  # noqa: E402
 from tests.helpers.learner_data import random_batch  # noqa: E402
-
-AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-PARITY_OPTIM = OptimConfig(lr=1e-3, warmup_steps=0, weight_decay=0.0)
-MICRO_BATCH_TOKENS = 96  # several micro-batches per step
+from tests.helpers.megatron_params import (  # noqa: E402
+    AGGREGATIONS,
+    CHECKPOINT_OPTIM,
+    MICRO_BATCH_TOKENS,
+    PARITY_OPTIM,
+)
 
 
 def settings(
@@ -131,6 +134,7 @@ def checkpoint(model_dir: str, folder: str) -> dict[str, object]:
     a.save(folder)
     saved = a.compute_logprobs(probe)
     going_on = {"metrics": a.train_step(second), "weights": _weights(a)}
+    going_on["after"] = a.compute_logprobs(probe)
     a.close()
     b = learner(2, 1)
     b.load(folder)
@@ -140,20 +144,54 @@ def checkpoint(model_dir: str, folder: str) -> dict[str, object]:
     c = learner(1, 2)
     c.load(folder)
     resharded = {"logprobs": c.compute_logprobs(probe), "metrics": c.train_step(second)}
+    resharded["after"] = c.compute_logprobs(probe)
     c.close()
     return {"saved": saved, "going_on": going_on, "resumed": resumed, "resharded": resharded}
 
 
-# warm-up and weight decay on, so the checkpoint must carry the schedule's position
-CHECKPOINT_OPTIM = OptimConfig(lr=1e-3, warmup_steps=3, weight_decay=0.1)
+def checkpoint_data_parallel(model_dir: str, folder: str) -> dict[str, object]:
+    """At DP=2 (the distributed optimizer): a checkpoint saved right after the optimizer is
+    built (no state yet) and one after a step both load; the next step is bit-identical; a
+    single-replica layout refuses the checkpoint with the reason."""
+    from megatron.core import parallel_state as ps
+
+    from rstar2.config import ConfigError
+
+    first, second = (random_batch(6, seed=s) for s in (1, 2))
+
+    def learner(tp: int) -> MegatronLearner:
+        return MegatronLearner(settings(model_dir, tp, 1, "token-mean", CHECKPOINT_OPTIM))
+
+    a = learner(1)
+    a.save(folder + "-fresh")
+    a.train_step(first)
+    a.save(folder)
+    going_on = {"metrics": a.train_step(second), "weights": _weights(a)}
+    a.close()
+    b = learner(1)
+    b.load(folder + "-fresh")
+    b.load(folder)
+    resumed = {"metrics": b.train_step(second), "weights": _weights(b)}
+    b.close()
+    ps.destroy_model_parallel()
+    c = learner(2)
+    try:
+        c.load(folder)
+        refused = ""
+    except ConfigError as e:
+        refused = str(e)
+    c.close()
+    return {"going_on": going_on, "resumed": resumed, "refused": refused}
 
 
 def main(argv: list[str]) -> None:
     mode, model_dir, out = argv[:3]
     if mode == "parity":
         results = parity(model_dir, int(argv[3]), int(argv[4]), argv[5:] == ["sp"])
-    else:
+    elif mode == "checkpoint":
         results = checkpoint(model_dir, argv[3])
+    else:
+        results = checkpoint_data_parallel(model_dir, argv[3])
     if dist.get_rank() == 0:
         torch.save(results, out)
     dist.barrier()

@@ -342,3 +342,38 @@ def test_megatron_on_a_cpu_without_the_test_support_is_a_config_error(config_fil
     assert res.returncode == 2, res.stderr[-2000:]
     assert "learner.backend" in res.stderr and "needs a GPU" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("backend", "overrides"),
+    [
+        ("torch", ["learner.num_ranks=2"]),
+        # the tool model has one key/value head: its model-parallel split is by stages
+        ("megatron", ["learner.backend=megatron", "learner.pipeline_parallel_size=2",
+                      "learner.num_ranks=2"]),
+    ],
+)  # fmt: skip
+def test_a_two_rank_ray_learner_group_replays_the_single_process_updates(
+    config_file: Path, full_run: Path, backend: str, overrides: list[str]
+) -> None:
+    """Recorded rollouts through a learner group of two Ray actors (FSDP2 over 2 ranks, or
+    megatron at PP=2): every step's learner metrics equal the one-process run's within 1e-4."""
+    if backend == "megatron":
+        pytest.importorskip("megatron.core")
+    run_dir = config_file.parent / f"replayed-group-{backend}"
+    args = ["train", "--config", str(config_file), "--run-dir", str(run_dir), "--quiet"]
+    args += ["--replay-rollouts", str(config_file.parent / "rollouts"), "cluster.ray=true"]
+    path = os.pathsep.join(filter(None, [str(MEGATRON_SITE), os.environ.get("PYTHONPATH")]))
+    res = run_cli(*args, *overrides, timeout=600, env={"PYTHONPATH": path})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "learner: 2 ranks in Ray actors on cpu" in res.stdout
+    full = [r for r in _metrics(full_run) if "reward_mean" in r]
+    replay = [r for r in _metrics(run_dir) if "reward_mean" in r]
+    assert [r["step"] for r in replay] == [r["step"] for r in full]
+    for got, ref in zip(replay, full, strict=True):
+        assert sorted(got) == sorted(ref)
+        for key, value in ref.items():
+            if isinstance(value, float):
+                assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (ref["step"], key)
+            else:
+                assert got[key] == value, (ref["step"], key)

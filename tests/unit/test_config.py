@@ -204,13 +204,22 @@ def test_train_refuses_what_this_build_cannot_run_as_configured() -> None:
         "cluster.gpus_per_node": cfg(
             cluster={"accelerator": "cuda", "gpus_per_node": 2}, rollout={"num_engines": 3}
         ),
-        "learner.backend": cfg(learner={"backend": "megatron"}),
+        # megatron-core assumes CUDA (this process has not been patched for the CPU)
+        "learner.backend": cfg(
+            learner={"backend": "megatron"}, cluster={"accelerator": "cpu", "gpus_per_node": 0}
+        ),
+        "learner.num_ranks": cfg(learner={"num_ranks": 2}),  # a group needs Ray
     }
     for key, config in cases.items():
         with pytest.raises(ConfigError) as err:
             check_supported(config)
         assert err.value.key == key
     check_supported(cfg(cluster={"num_nodes": 2, "ray": True}))
+    tp2 = {"backend": "megatron", "tensor_parallel_size": 2}
+    with pytest.raises(ConfigError, match="1 ranks are not a multiple of TP x PP = 2") as err:
+        check_supported(cfg(learner=tp2, cluster={"accelerator": "cuda", "gpus_per_node": 1}))
+    assert err.value.key == "learner.num_ranks"
+    check_supported(cfg(learner={**tp2, "num_ranks": 2}, cluster={"ray": True}))
 
 
 def test_tagged_sections_take_the_shape_their_tag_names() -> None:
@@ -256,3 +265,14 @@ def test_tagged_section_errors_in_a_yaml_file(tmp_path) -> None:
         load_config(path)
     assert info.value.key == "learner.pipeline_parallel_size"
     assert "'megatron'" in info.value.message
+
+
+def test_a_config_error_crosses_processes_whole() -> None:
+    import pickle
+
+    err = pickle.loads(pickle.dumps(ConfigError("learner.num_ranks", "needs Ray")))
+    assert (err.key, err.message, str(err)) == (
+        "learner.num_ranks",
+        "needs Ray",
+        "learner.num_ranks: needs Ray",
+    )

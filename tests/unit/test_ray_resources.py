@@ -20,7 +20,7 @@ def test_cpu_run_asks_a_cpu_per_engine_and_for_the_sandbox() -> None:
     cfg = load_config(TOY, ["cluster.ray=true", "rollout.num_engines=2", "sandbox.mode=embedded"])
     demands = {d.name: d for d in actor_demands(cfg)}
     assert demands["rollout engine"] == ActorDemand("rollout engine", 2, 1, 0)
-    assert demands["sandbox pool"].count == 1 and demands["learner"].cpus == 0
+    assert demands["sandbox pool"].count == 1 and demands["learner rank"].cpus == 0
     check_fits(list(demands.values()), [{"CPU": 3.0}])
     with pytest.raises(ConfigError, match=r"need 3 CPUs and 0 GPUs.*has 2 CPUs and 0 GPUs"):
         check_fits(list(demands.values()), [{"CPU": 2.0}])

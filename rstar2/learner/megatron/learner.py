@@ -42,7 +42,14 @@ from rstar2.learner.megatron.setup import (
     pick_device,
     wrap_ddp,
 )
-from rstar2.learner.packing import MicroBatch, micro_batch_loss, pack, plan, unpack
+from rstar2.learner.packing import (
+    BatchTotals,
+    MicroBatch,
+    micro_batch_objective,
+    pack,
+    plan,
+    unpack,
+)
 from rstar2.learner.protocol import TrainSequence
 from rstar2.learner.settings import run_fields
 
@@ -166,16 +173,13 @@ class MegatronLearner:
     def train_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
         if not batch:
             raise ValueError("an empty batch")
-        settings = self.settings.loss
-        per_seq = settings.loss_agg_mode != "token-mean"
-        total = float(len(batch)) if per_seq else float(sum(sum(x.loss_mask) for x in batch))
+        settings, totals = self.settings.loss, BatchTotals.of(batch)
         mbs, real = self._micro_batches(batch)
         weight = self.data_parallel if real else 0.0  # DDP averages over data-parallel ranks
 
         def objective(mb: MicroBatch, lp: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-            value, metrics = micro_batch_loss(mb, lp, settings)
-            share = (len(mb.indices) if per_seq else float(mb.loss_mask.sum())) / max(total, 1.0)
-            return value * share * weight, {k: v * share for k, v in metrics.items()}
+            value, metrics = micro_batch_objective(mb, lp, settings, totals)
+            return value * weight, metrics
 
         return self._step_on(mbs, real, objective)
 
@@ -400,7 +404,8 @@ class MegatronLearner:
         from megatron.core import parallel_state as ps
 
         keys = sorted(values)
-        t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
         dist.all_reduce(t, group=ps.get_data_parallel_group(with_context_parallel=False))
         return dict(zip(keys, t.tolist(), strict=True))
 

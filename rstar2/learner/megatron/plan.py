@@ -94,10 +94,16 @@ class _one_rank_parallel_state:
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
-        from rstar2.learner.megatron.setup import ensure_process_group
-
         self._group = not dist.is_initialized()
-        ensure_process_group(torch.device("cpu"))
+        if self._group:  # this process alone, whatever a launcher's environment says
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+            )
         self._state = not ps.model_parallel_is_initialized()
         if self._state:
             ps.initialize_model_parallel(1, 1)

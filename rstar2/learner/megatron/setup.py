@@ -41,7 +41,7 @@ def build_optimizer(optim: OptimConfig, model: Any, *, data_parallel: int, bf16:
 
     Without TE or Apex megatron-core falls back to torch's AdamW in its multi-tensor form; on
     GPU it is switched to torch's fused kernel (one launch per step instead of a pass per
-    operation over every tensor; numerically the same update)."""
+    operation over every tensor; the same update up to float rounding)."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     config = OptimizerConfig(
@@ -56,13 +56,23 @@ def build_optimizer(optim: OptimConfig, model: Any, *, data_parallel: int, bf16:
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
     )
     optimizer = get_megatron_optimizer(config, [model])
+    use_fused_adamw(optimizer)
+    return optimizer
+
+
+def use_fused_adamw(optimizer: Any) -> None:
+    """Switch megatron's torch AdamW to the fused kernel where every parameter is on a GPU
+    (also after loading a state, whose groups carry the saving process's choice); CPU stays on
+    the multi-tensor form."""
     for part in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = part.optimizer
         on_gpu = all(p.is_cuda for g in inner.param_groups for p in g["params"])
-        if isinstance(inner, torch.optim.AdamW) and on_gpu and not inner.state:
+        if isinstance(inner, torch.optim.AdamW) and on_gpu:
             for group in inner.param_groups:
                 group["foreach"], group["fused"] = False, True
-    return optimizer
+            for state in inner.state.values():  # the fused kernel keeps its step on the device
+                if "step" in state:
+                    state["step"] = state["step"].to(device=state["exp_avg"].device)
 
 
 def load_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> None:

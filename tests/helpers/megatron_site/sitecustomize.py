@@ -1,7 +1,7 @@
 """Put this folder on PYTHONPATH to run the megatron backend on CPU in a subprocess (``rstar2
-train`` / ``rstar2 sft`` under test): when ``rstar2.learner.megatron`` is first imported in a
+train`` / ``rstar2 sft`` under test): right after ``megatron.core`` is first imported in a
 process, tests/helpers/megatron_cpu.py's redirections are installed. Processes that never import
-the backend (engines, sandbox, reward workers) are left alone."""
+megatron-core (engines, sandbox, reward workers, a torch-backend learner) are left alone."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import Any
 
 _REPO = Path(__file__).resolve().parents[3]
-_PACKAGE = "rstar2.learner.megatron"
+_PACKAGE = "megatron.core"
 
 
 class _InstallAfterImport(importlib.abc.MetaPathFinder):

@@ -4,6 +4,7 @@ Skipped where there is no CUDA device or no megatron-core."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,50 @@ def test_megatron_on_gpu_tracks_the_torch_backend_learns_and_resumes(tmp_path: P
     resumed.load(tmp_path / "ckpt")
     assert resumed.train_step(pos) == going_on
     assert resumed.compute_logprobs(batch) == after
+
+
+def test_the_packed_attention_kernels_agree_on_gpu() -> None:
+    """The core attention's GPU kernels (flash varlen where this torch has it, flex attention
+    otherwise) against one causal SDPA per sequence, forward and backward, in bf16."""
+    import torch.nn.functional as F
+
+    from rstar2.learner.megatron import varlen
+    from rstar2.learner.megatron.flex import packed_flex_attention
+
+    torch.manual_seed(0)
+    lengths = [300, 77, 645]
+    bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    total, scale = bounds[-1], 128**-0.5
+
+    def inputs() -> list[torch.Tensor]:
+        shapes = ((total, 16, 128), (total, 8, 128), (total, 8, 128))
+        return [
+            torch.randn(s, device="cuda", dtype=torch.bfloat16).requires_grad_() for s in shapes
+        ]
+
+    def per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for a, b in itertools.pairwise(bounds):
+            qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t in (q, k, v))
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            outs.append(o[0].transpose(0, 1))
+        return torch.cat(outs)
+
+    base = inputs()
+    ref = per_sequence(*base)
+    ref.float().pow(2).sum().backward()
+    cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+    kernels = {"flex": lambda q, k, v: packed_flex_attention(q, k, v, bounds, scale)}
+    if varlen.available(torch.device("cuda")):
+        kernels["varlen"] = lambda q, k, v: varlen.packed_varlen_attention(
+            q, k, v, cu, max(lengths), scale
+        )
+    assert "varlen" in kernels or torch.version.hip is not None  # the H200's torch has it
+    for name, kernel in kernels.items():
+        mine = [t.detach().clone().requires_grad_() for t in base]
+        out = kernel(*mine)
+        out.float().pow(2).sum().backward()
+        assert (out - ref).abs().max().item() < 2e-2, name
+        for g, r in zip((t.grad for t in mine), (t.grad for t in base), strict=True):
+            assert g is not None and r is not None
+            assert (g - r).abs().max().item() < 5e-2 * r.abs().max().item(), name

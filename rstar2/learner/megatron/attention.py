@@ -9,8 +9,10 @@ module takes the core attention's constructor and ``forward`` arguments (the spe
 RoPE table per pack, built once per micro-batch; megatron's own RoPE is off):
 - rotates queries and keys by each token's position in its own sequence (as transformers does);
 - attends within each packed sequence only: on CPU one causal ``scaled_dot_product_attention``
-  per sequence (exact), on GPU one flex-attention call over the pack with a block-sparse
-  causal-document mask (:mod:`rstar2.learner.megatron.flex`).
+  per sequence (exact); on GPU one flash-attention call over the pack by its cu_seqlens
+  (:mod:`rstar2.learner.megatron.varlen`, measured fastest on the H200), or, where this torch
+  build lacks it, one flex-attention call with a block-sparse causal-document mask
+  (:mod:`rstar2.learner.megatron.flex`).
 
 Shapes (as megatron's attention passes them): ``[T, heads, head_dim]`` in, ``[T, heads *
 head_dim]`` out; keys and values have ``num_query_groups`` heads per rank (grouped-query
@@ -89,18 +91,26 @@ class PackedCoreAttention(MegatronModule):
         turn = _fused_rotate() if query.is_cuda else rotate
         query = turn(query, rows.rope_cos, rows.rope_sin)
         key = turn(key, rows.rope_cos, rows.rope_sin)
-        out = self._packed(query, key, value, list(rows.bounds))
+        out = self._packed(query, key, value, rows)
         return out.reshape(out.shape[0], -1)
 
     def _packed(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: list[int]
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: PackedRows
     ) -> torch.Tensor:
         if query.is_cuda:
+            from rstar2.learner.megatron import varlen
+
+            if varlen.available(query.device):
+                cu = rows.cu_seqlens_q
+                assert cu is not None and rows.max_seqlen_q is not None
+                return varlen.packed_varlen_attention(
+                    query, key, value, cu, int(rows.max_seqlen_q), self.softmax_scale
+                )
             from rstar2.learner.megatron.flex import packed_flex_attention
 
-            return packed_flex_attention(query, key, value, bounds, self.softmax_scale)
+            return packed_flex_attention(query, key, value, list(rows.bounds), self.softmax_scale)
         outs = []
-        for start, end in itertools.pairwise(bounds):
+        for start, end in itertools.pairwise(rows.bounds):
             q, k, v = (t[start:end].transpose(0, 1)[None] for t in (query, key, value))
             outs.append(_sdpa(q, k, v, self.softmax_scale)[0].transpose(0, 1))
         return torch.cat(outs)

@@ -305,6 +305,18 @@ def test_resume_of_a_folder_without_a_run_is_a_user_error(tmp_path: Path) -> Non
 MEGATRON_SITE = REPO / "tests" / "helpers" / "megatron_site"
 
 
+def _assert_same_steps(got: list[dict[str, Any]], ref: list[dict[str, Any]], rel: float) -> None:
+    """The same metric lines: every float within ``rel``, everything else equal."""
+    assert [r["step"] for r in got] == [r["step"] for r in ref]
+    for mine, theirs in zip(got, ref, strict=True):
+        assert sorted(mine) == sorted(theirs)
+        for key, value in theirs.items():
+            if isinstance(value, float):
+                assert mine[key] == pytest.approx(value, rel=rel, abs=1e-6), (theirs["step"], key)
+            else:
+                assert mine[key] == value, (theirs["step"], key)
+
+
 def test_the_megatron_backend_replays_the_torch_backends_updates(
     config_file: Path, full_run: Path
 ) -> None:
@@ -321,18 +333,11 @@ def test_the_megatron_backend_replays_the_torch_backends_updates(
     assert res.returncode == 0, res.stderr[-3000:]
     full = [r for r in _metrics(full_run) if "reward_mean" in r]
     replay = [r for r in _metrics(run_dir) if "reward_mean" in r]
-    assert [r["step"] for r in replay] == [r["step"] for r in full]
     learner_keys = {
         f"actor/{k}" for k in ("pg_loss", "grad_norm", "clip_frac_low", "clip_frac_high")
     }
     assert sum(learner_keys <= set(r) for r in full) >= 3  # steps that updated the policy
-    for got, ref in zip(replay, full, strict=True):
-        assert sorted(got) == sorted(ref)
-        for key, value in ref.items():
-            if isinstance(value, float):
-                assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (ref["step"], key)
-            else:
-                assert got[key] == value, (ref["step"], key)
+    _assert_same_steps(replay, full, rel=1e-4)
     assert list(run_dir.glob("checkpoints/step_*/learner/dist/metadata.json"))
 
 
@@ -369,11 +374,4 @@ def test_a_two_rank_ray_learner_group_replays_the_single_process_updates(
     assert "learner: 2 ranks in Ray actors on cpu" in res.stdout
     full = [r for r in _metrics(full_run) if "reward_mean" in r]
     replay = [r for r in _metrics(run_dir) if "reward_mean" in r]
-    assert [r["step"] for r in replay] == [r["step"] for r in full]
-    for got, ref in zip(replay, full, strict=True):
-        assert sorted(got) == sorted(ref)
-        for key, value in ref.items():
-            if isinstance(value, float):
-                assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (ref["step"], key)
-            else:
-                assert got[key] == value, (ref["step"], key)
+    _assert_same_steps(replay, full, rel=1e-4)

@@ -339,6 +339,13 @@ def test_the_megatron_backend_replays_the_torch_backends_updates(
     assert sum(learner_keys <= set(r) for r in full) >= 3  # steps that updated the policy
     _assert_same_steps(replay, full, rel=1e-4)
     assert list(run_dir.glob("checkpoints/step_*/learner/dist/metadata.json"))
+    # the exported model stops where the torch backend's does (engines read its eos ids)
+    generation = [
+        {k: v for k, v in json.loads((d / "model" / "generation_config.json").read_text()).items()
+         if k != "transformers_version"}
+        for d in (run_dir, full_run)
+    ]  # fmt: skip
+    assert generation[0] == generation[1] and "eos_token_id" in generation[0]
 
 
 def test_megatron_on_a_cpu_without_the_test_support_is_a_config_error(config_file: Path) -> None:

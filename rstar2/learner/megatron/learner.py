@@ -241,7 +241,9 @@ class MegatronLearner:
             yield bucket
 
     def export_hf(self, folder: str | Path) -> None:
-        """Write the policy as an HF folder (safetensors, the run's config); rank 0 writes."""
+        """Write the policy as an HF folder (safetensors, the config, and the generation config
+        of the weights it started from: engines take their stop tokens and sampling defaults
+        from it); rank 0 writes."""
         state = {
             n: t
             for unit in hf_units(self.model.module, self.shard, self.dims, self.dp_rank, None)
@@ -254,6 +256,7 @@ class MegatronLearner:
             out.mkdir(parents=True, exist_ok=True)
             save_file({n: t.contiguous() for n, t in state.items()}, out / "model.safetensors")
             self.hf_config.save_pretrained(out)
+            _generation_config(self.settings.model_path, self.hf_config).save_pretrained(out)
         dist.barrier()
 
     def save(self, path: str | Path) -> None:
@@ -419,3 +422,14 @@ class MegatronLearner:
         src = ps.get_pipeline_model_parallel_last_rank()
         dist.broadcast_object_list(box, src=src, group=ps.get_pipeline_model_parallel_group())
         return box[0]
+
+
+def _generation_config(model_path: str, hf_config: Any) -> Any:
+    """The source folder's generation config (as transformers' ``save_pretrained`` writes it
+    for the torch backend), else one from the model config (its bos/eos/pad ids)."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_path)
+    except OSError:
+        return GenerationConfig.from_model_config(hf_config)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from rstar2.config import OptimConfig, TorchLearnerConfig
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
-from tests.helpers.learner_data import random_batch
+from tests.helpers.learner_data import full_weights, random_batch
 
 
 def main() -> None:
@@ -36,11 +36,11 @@ def main() -> None:
     learner.train_step(batch)
     learner.save(out / "ckpt")
     second = learner.train_step(batch)
-    full = {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}
+    full = full_weights(learner)
     resumed = TorchLearner(settings)
     resumed.load(out / "ckpt")
     again = resumed.train_step(batch)
-    full_again = {n: t.clone() for bucket in resumed.named_weights(1 << 20) for n, t in bucket}
+    full_again = full_weights(resumed)
     if rank == 0:
         torch.save({"weights": full, "metrics": second}, out / "run.pt")
         torch.save({"weights": full_again, "metrics": again}, out / "resumed.pt")

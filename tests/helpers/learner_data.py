@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from rstar2.learner.protocol import TrainSequence
 from rstar2.tiny import build_tiny_model
@@ -25,3 +28,8 @@ def random_batch(n: int, seed: int, vocab: int = 200) -> list[TrainSequence]:
         old = [0.0] + [-rng.uniform(3.0, 6.0) if m else 0.0 for m in mask[1:]]
         out.append(TrainSequence(ids, mask, old, advantage=rng.choice([-1.0, 0.5, 1.0])))
     return out
+
+
+def full_weights(learner: Any) -> dict[str, torch.Tensor]:
+    """A learner's HF-named full weights (every rank must call; rank 0 gets them)."""
+    return {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}

@@ -30,7 +30,7 @@ from rstar2.algo.loss import LossSettings  # noqa: E402
 from rstar2.config import MegatronLearnerConfig, OptimConfig  # noqa: E402
 from rstar2.learner.megatron.convert import hf_tensors  # noqa: E402
 from rstar2.learner.megatron.learner import MegatronLearner, MegatronLearnerSettings  # noqa: E402
-from tests.helpers.learner_data import random_batch  # noqa: E402
+from tests.helpers.learner_data import full_weights, random_batch  # noqa: E402
 from tests.helpers.megatron_params import (  # noqa: E402
     AGGREGATIONS,
     CHECKPOINT_OPTIM,
@@ -93,7 +93,7 @@ def run(model_dir: str, tp: int, pp: int, agg: str, sp: bool) -> dict[str, objec
     learner._apply_update = capture_then_step  # type: ignore[method-assign]
     metrics = learner.train_step(batch)
     after = learner.compute_logprobs(batch)
-    weights = {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}
+    weights = full_weights(learner)
     learner.close()
     return {
         "before": before,
@@ -104,14 +104,10 @@ def run(model_dir: str, tp: int, pp: int, agg: str, sp: bool) -> dict[str, objec
     }
 
 
-def _weights(learner: MegatronLearner) -> dict[str, torch.Tensor]:
-    return {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}
-
-
 def run_sft(model_dir: str, tp: int, pp: int, sp: bool) -> dict[str, object]:
     learner = MegatronLearner(settings(model_dir, tp, pp, "token-mean", sequence_parallel=sp))
     metrics = learner.sft_step(random_batch(6, seed=0))
-    weights = _weights(learner)
+    weights = full_weights(learner)
     learner.close()
     return {"metrics": metrics, "weights": weights}
 
@@ -133,12 +129,12 @@ def checkpoint(model_dir: str, folder: str) -> dict[str, object]:
     a.train_step(first)
     a.save(folder)
     saved = a.compute_logprobs(probe)
-    going_on = {"metrics": a.train_step(second), "weights": _weights(a)}
+    going_on = {"metrics": a.train_step(second), "weights": full_weights(a)}
     going_on["after"] = a.compute_logprobs(probe)
     a.close()
     b = learner(2, 1)
     b.load(folder)
-    resumed = {"step": b.step, "metrics": b.train_step(second), "weights": _weights(b)}
+    resumed = {"step": b.step, "metrics": b.train_step(second), "weights": full_weights(b)}
     b.close()
     ps.destroy_model_parallel()
     c = learner(1, 2)
@@ -166,12 +162,12 @@ def checkpoint_data_parallel(model_dir: str, folder: str) -> dict[str, object]:
     a.save(folder + "-fresh")
     a.train_step(first)
     a.save(folder)
-    going_on = {"metrics": a.train_step(second), "weights": _weights(a)}
+    going_on = {"metrics": a.train_step(second), "weights": full_weights(a)}
     a.close()
     b = learner(1)
     b.load(folder + "-fresh")
     b.load(folder)
-    resumed = {"metrics": b.train_step(second), "weights": _weights(b)}
+    resumed = {"metrics": b.train_step(second), "weights": full_weights(b)}
     b.close()
     ps.destroy_model_parallel()
     c = learner(2)

@@ -18,7 +18,7 @@ from rstar2.config import ConfigError, TorchLearnerConfig
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 from rstar2.tiny import build_tiny_model
 from tests.conftest import REPO
-from tests.helpers.learner_data import random_batch
+from tests.helpers.learner_data import full_weights, random_batch
 
 pytest.importorskip("megatron.core")
 
@@ -86,7 +86,7 @@ def _reference(model: Path, agg: str) -> dict[str, object]:
     learner._apply_update = capture_then_step  # type: ignore[method-assign]
     metrics = learner.train_step(batch)
     after = learner.compute_logprobs(batch)
-    weights = {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}
+    weights = full_weights(learner)
     return {
         "before": before,
         "after": after,
@@ -161,7 +161,7 @@ def test_megatron_equals_the_torch_backend(layout: str, models, tmp_path: Path) 
 def _check_sft(got: dict[str, object], model: Path) -> None:
     learner = _torch_learner(model, "token-mean")
     ref = learner.sft_step(random_batch(6, seed=0))
-    weights = {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}
+    weights = full_weights(learner)
     metrics = got["metrics"]
     assert isinstance(metrics, dict)
     for key in ("nll", "grad_norm", "loss_tokens"):

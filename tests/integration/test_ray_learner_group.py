@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ import torch
 from rstar2.config import OptimConfig, TorchLearnerConfig
 from rstar2.learner.ray_learner import RayLearner
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
-from tests.helpers.learner_data import random_batch, tiny_model
+from tests.helpers.learner_data import full_weights, random_batch, tiny_model
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray needed"),
@@ -41,10 +40,6 @@ def _settings(model_dir: Path, ranks: int) -> TorchLearnerSettings:
     )
 
 
-def _weights(learner: Any) -> dict[str, torch.Tensor]:
-    return {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}
-
-
 def test_two_ranks_equal_one_process_and_resume_bit_exactly(local_ray, tmp_path: Path) -> None:
     model_dir = tiny_model(tmp_path / "m")
     batch = random_batch(7, seed=4)  # odd: the ranks hold 4 and 3 sequences
@@ -60,9 +55,9 @@ def test_two_ranks_equal_one_process_and_resume_bit_exactly(local_ray, tmp_path:
     for key in ("pg_loss", "grad_norm", "tokens", "clip_frac_low", "clip_frac_high"):
         assert first[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-9), key
     group.save(tmp_path / "ckpt")
-    going_on, going_on_weights = group.train_step(batch), _weights(group)
+    going_on, going_on_weights = group.train_step(batch), full_weights(group)
     single.train_step(batch)
-    ref_weights = _weights(single)
+    ref_weights = full_weights(single)
     assert sorted(going_on_weights) == sorted(ref_weights)
     lr = 1e-3
     for name, w in ref_weights.items():  # as the megatron parity test: sign-ambiguous Adam
@@ -75,7 +70,7 @@ def test_two_ranks_equal_one_process_and_resume_bit_exactly(local_ray, tmp_path:
         resumed.load(tmp_path / "ckpt")
         assert resumed.step == 1
         assert resumed.train_step(batch) == going_on
-        weights = _weights(resumed)
+        weights = full_weights(resumed)
         assert all(torch.equal(weights[n], w) for n, w in going_on_weights.items())
     finally:
         resumed.close()

@@ -95,15 +95,10 @@ class _one_rank_parallel_state:
         from megatron.core import parallel_state as ps
 
         self._group = not dist.is_initialized()
-        if self._group:  # this process alone, whatever a launcher's environment says
-            import socket
+        if self._group:
+            from rstar2.learner.megatron.setup import init_one_rank_group
 
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            dist.init_process_group(
-                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
-            )
+            init_one_rank_group("gloo")
         self._state = not ps.model_parallel_is_initialized()
         if self._state:
             ps.initialize_model_parallel(1, 1)

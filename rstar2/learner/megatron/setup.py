@@ -130,6 +130,11 @@ def ensure_process_group(device: torch.device) -> None:
     if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend)
         return
+    init_one_rank_group(backend)
+
+
+def init_one_rank_group(backend: str) -> None:
+    """A process group of this process alone, whatever a launcher's environment says."""
     import socket
 
     with socket.socket() as s:

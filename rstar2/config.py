@@ -119,6 +119,14 @@ class RolloutConfig(_Section):
         description="Reuse cached prompt prefixes. False makes a trajectory's tokens independent "
         "of what else the engine had cached (bit-exact resume on CPU), at the cost of prefills.",
     )
+    max_staleness_steps: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="0: every step's rollouts come from the newest weights (the paper's "
+        "synchronous loop). 1: the next step's rollouts are generated while the learner trains "
+        "the current one, so a step learns from rollouts one update old (split placement only).",
+    )
 
 
 class AgentConfig(_Section):
@@ -431,6 +439,12 @@ class ClusterConfig(_Section):
         description="Place the learner, the rollout engines and the embedded sandbox pool in Ray "
         "actors (joins a running cluster, else starts a local one); false: everything in the "
         "trainer's process.",
+    )
+    colocate: bool = Field(
+        False,
+        description="Learner and engines share the GPUs: engines sleep (KV cache and weights "
+        "freed) while the learner steps and receive weights through CUDA IPC (GPU and "
+        "cluster.ray only). False: split placement, weights broadcast over NCCL on GPUs.",
     )
 
 

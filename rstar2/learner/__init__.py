@@ -4,5 +4,5 @@
 (no HF-specific types, so a megatron-core TP/PP backend can implement it);
 :mod:`rstar2.learner.torch_backend` implements it on transformers models with FSDP2;
 :mod:`rstar2.learner.packing` packs sequences into token-bounded micro-batches;
-:mod:`rstar2.learner.sync` streams weights to rollout engines in bounded buckets.
+:mod:`rstar2.sync` moves the weights into the rollout engines.
 """

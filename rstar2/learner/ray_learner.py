@@ -4,7 +4,7 @@
 bundles (one GPU each on GPU nodes), starts one :class:`LearnerActor` per bundle, joins them in
 one torch.distributed group (NCCL on GPUs, RCCL on ROCm, gloo on CPU; rank 0's node and a free
 port there are the rendezvous), and returns a client with the :class:`Learner` surface the trainer
-and :func:`~rstar2.learner.sync.sync_weights` use. Every call goes to every rank with the same
+and the weight sync (:mod:`rstar2.sync`) use. Every call goes to every rank with the same
 arguments (the batch is put in the object store once); each rank takes its data-parallel share,
 and rank 0's answer is returned: what one process gives on the whole batch. ``save`` / ``load``
 paths are on the actors' nodes (a shared file system across nodes). Calls block until every rank
@@ -17,6 +17,7 @@ there, and pass through the caller's process on their way to the engines.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -76,6 +77,12 @@ class LearnerActor:
     def step(self) -> int:
         return self._learner.step
 
+    def gpu_id(self) -> str:
+        import ray
+
+        ids = ray.get_gpu_ids()
+        return str(ids[0]) if ids else ""
+
     def device(self) -> str:
         return str(self._learner.device)
 
@@ -105,6 +112,56 @@ class LearnerActor:
         for bucket in self._learner.named_weights(bucket_bytes):
             yield [(name, tensor.cpu()) for name, tensor in bucket]
 
+    # ---- vLLM's native weight transfer (GPU; rstar2.sync.vllm_native drives these) ----
+
+    def weight_metadata(self, bucket_bytes: int) -> list[Any]:
+        from rstar2.sync.native_sender import weight_metadata
+
+        return weight_metadata(self._learner, bucket_bytes)
+
+    def open_nccl(self, rank: int, address: str, world_size: int) -> None:
+        from rstar2.sync.native_sender import open_nccl
+
+        self._nccl = open_nccl(address, world_size) if rank == 0 else None
+
+    def nccl_send(self, meta: list[Any], bucket_bytes: int, num_buffers: int) -> None:
+        from rstar2.sync.native_sender import learner_weights, nccl_send
+
+        source = learner_weights(self._learner, meta, bucket_bytes, everywhere=False)
+        if self._nccl is None:
+            for _ in source:  # the gathers only
+                pass
+        else:
+            nccl_send(self._nccl, source, bucket_bytes, num_buffers)
+
+    def open_ipc(self, rank: int, engines: list[Any], meta: list[Any], bucket_bytes: int) -> None:
+        from rstar2.sync.native_sender import ipc_sender, learner_weights
+
+        source = learner_weights(self._learner, meta, bucket_bytes, everywhere=True)
+        self._ipc = ipc_sender(source, engines, bucket_bytes, rank)
+
+    def ipc_send(self) -> None:
+        self._ipc.send_weights()
+
+    def send_weights(self, targets: list[Any], bucket_bytes: int) -> dict[str, int]:
+        """Every bucket into every engine actor of ``targets`` (their ``update_weights``), put
+        in the object store once; the other ranks only take part in the gathers."""
+        import ray
+
+        sent = {"buckets": 0, "tensors": 0, "bytes": 0, "largest_bucket_bytes": 0}
+        for bucket in self._learner.named_weights(bucket_bytes):
+            if not bucket:
+                continue
+            cpu = [(name, tensor.detach().cpu()) for name, tensor in bucket]
+            size = sum(t.numel() * t.element_size() for _, t in cpu)
+            ref = ray.put(cpu)
+            ray.get([target.update_weights.remote(ref) for target in targets])
+            sent["buckets"] += 1
+            sent["tensors"] += len(cpu)
+            sent["bytes"] += size
+            sent["largest_bucket_bytes"] = max(sent["largest_bucket_bytes"], size)
+        return sent
+
 
 class RayLearner:
     """Client of a group of :class:`LearnerActor` ranks; see the module docstring."""
@@ -123,10 +180,15 @@ class RayLearner:
         num_gpus: float = 0,
         num_threads: int | None = None,
         ready_timeout_s: float = 300.0,
+        share_gpus_with: float = 0,
     ) -> RayLearner:
         """Start the ranks (needs a running ``ray.init()``); ``num_cpus`` / ``num_gpus`` per
         rank; ``num_threads``: torch threads per rank, default this process's. ConfigError when
-        the cluster cannot place the ranks within ``ready_timeout_s``."""
+        the cluster cannot place the ranks within ``ready_timeout_s``.
+
+        ``share_gpus_with`` (colocation): each rank's bundle is one whole GPU plus that many
+        more CPUs for the colocated engine that will use that GPU too (see
+        :meth:`visible_gpus`: an engine is pinned to its ranks' GPUs, not given Ray's)."""
         import ray
         import torch
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -135,6 +197,9 @@ class RayLearner:
 
         world = settings.learner.num_ranks
         bundle = {k: v for k, v in (("CPU", num_cpus), ("GPU", num_gpus)) if v}
+        if share_gpus_with:
+            bundle = {"CPU": num_cpus + share_gpus_with, "GPU": 1}
+            num_gpus = 1
         group = None
         if bundle:  # ranks that ask for nothing (CPU learners sharing cores) need no reservation
             group = ray.util.placement_group([bundle] * world, strategy="PACK")
@@ -178,6 +243,17 @@ class RayLearner:
             client.close()
             raise
         return client
+
+    def visible_gpus(self) -> list[str]:
+        """Each rank's GPU id on its node (what ``CUDA_VISIBLE_DEVICES`` names there)."""
+        import ray
+
+        return [str(i) for i in ray.get([a.gpu_id.remote() for a in self._actors])]
+
+    @property
+    def placement_group(self) -> Any:
+        """The ranks' placement group (None when they reserved nothing)."""
+        return self._group
 
     @property
     def num_ranks(self) -> int:
@@ -241,6 +317,43 @@ class RayLearner:
         for stream in streams[1:]:  # empty buckets; their ranks took part in the gathers
             for ref in stream:
                 ray.get(ref)
+
+    async def rendezvous(self) -> str:
+        """``tcp://HOST:PORT``: a free port on rank 0's node."""
+        address: str = await self._actors[0].rendezvous.remote()
+        return address
+
+    async def weight_metadata(self, bucket_bytes: int) -> list[Any]:
+        """(name, dtype, shape, bucket) of every exported tensor (one gather pass)."""
+        refs = [a.weight_metadata.remote(bucket_bytes) for a in self._actors]
+        return list((await asyncio.gather(*refs))[0])
+
+    async def open_nccl(self, address: str, world_size: int) -> None:
+        """Rank 0 joins the NCCL transfer group with the engine workers."""
+        await asyncio.gather(
+            *(a.open_nccl.remote(r, address, world_size) for r, a in enumerate(self._actors))
+        )
+
+    async def nccl_send(self, meta: list[Any], bucket_bytes: int, num_buffers: int) -> None:
+        await asyncio.gather(
+            *(a.nccl_send.remote(meta, bucket_bytes, num_buffers) for a in self._actors)
+        )
+
+    async def open_ipc(self, engines: list[Any], meta: list[Any], bucket_bytes: int) -> None:
+        """Every rank builds vLLM's IPC trainer engine (rank 0 inits the engines)."""
+        await asyncio.gather(
+            *(a.open_ipc.remote(r, engines, meta, bucket_bytes) for r, a in enumerate(self._actors))
+        )
+
+    async def ipc_send(self) -> None:
+        await asyncio.gather(*(a.ipc_send.remote() for a in self._actors))
+
+    async def send_weights(self, targets: list[Any], bucket_bytes: int) -> dict[str, int]:
+        """Rank 0 sends the weights straight to the engine actors ``targets`` (see
+        :mod:`rstar2.sync.group`); what it sent."""
+        refs = [a.send_weights.remote(targets, bucket_bytes) for a in self._actors]
+        sent: list[dict[str, int]] = list(await asyncio.gather(*refs))
+        return sent[0]
 
     def close(self) -> None:
         """Stop the ranks and free their placement group (their state is gone; save first).

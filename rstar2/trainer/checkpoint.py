@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,22 @@ class Checkpointer:
     def has(self, step: int) -> bool:
         return (st.checkpoint_dir(self.run_dir, step) / st.STATE_FILE).is_file()
 
-    def save(self, learner: Learner, state: st.TrainerState, rng: random.Random) -> Path:
+    def save(
+        self,
+        learner: Learner,
+        state: st.TrainerState,
+        rng: random.Random,
+        extra: Callable[[Path], None] | None = None,
+    ) -> Path:
+        """Learner, ``extra(folder)`` (what else the trainer keeps) and the state, in place."""
         state.rng_state = st.rng_to_json(rng)
         final = st.checkpoint_dir(self.run_dir, state.step)
         tmp = final.with_name(final.name + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
         learner.save(tmp / "learner")
+        if extra is not None:
+            extra(tmp)
         st.write_state(tmp, state)
         if final.exists():
             shutil.rmtree(final)
@@ -44,14 +54,19 @@ class Checkpointer:
         st.prune(self.run_dir, self.keep_last)
         return final
 
-    def restore(self, learner: Learner) -> st.TrainerState | None:
-        """The newest checkpoint's state (its weights loaded into ``learner``), or None when
-        there is none yet; either way the metric lines after it are set aside."""
+    def restore(
+        self, learner: Learner, extra: Callable[[Path], None] | None = None
+    ) -> st.TrainerState | None:
+        """The newest checkpoint's state (its weights loaded into ``learner``, its folder
+        handed to ``extra``), or None when there is none yet; either way the metric lines
+        after it are set aside."""
         found = st.complete_checkpoints(self.run_dir)
         if not found:
             self.truncate_metrics(-1)
             return None
         learner.load(found[-1] / "learner")
+        if extra is not None:
+            extra(found[-1])
         state = st.read_state(found[-1])
         self.truncate_metrics(state.step)
         return state

@@ -2,13 +2,17 @@
 
     [tiny model] -> [SFT cold start] -> eval -> for each stage: [filter, resets] ->
         step: prompts -> rollouts (scheduled, scored as they finish) -> RoC -> advantages
-              -> learner step -> weight sync -> [eval] -> [checkpoint]
+              -> learner step (with max_staleness_steps 1, the next step's rollouts alongside)
+              -> weight sync -> [eval] -> [checkpoint]
     -> eval -> model/, curves.png, summary.json
 
 Run folder: ``config.json`` (resolved), ``sft/`` (when ``sft.data`` is set), ``metrics.jsonl``
 (one object per RL step, plus eval lines), ``eval/step_N/<dataset>/report.{json,md}``,
 ``checkpoints/step_N/`` (learner state + ``trainer.json``), ``model/`` (the final policy as an
 HF folder), ``curves.png`` and ``summary.json``.
+
+Where the next step's rollouts come from and how old they may be is :mod:`rstar2.trainer.ahead`'s;
+how weights reach the engines is the services' weight sync (:mod:`rstar2.sync`).
 
 Resuming (``resume=True``) loads the newest complete checkpoint (:mod:`rstar2.trainer.checkpoint`,
 the one store a resume reads), drops the metric lines written after it (kept in
@@ -26,7 +30,7 @@ import asyncio
 import contextlib
 import copy
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,8 +40,10 @@ from rstar2.agent.template import ChatTemplate
 from rstar2.config import Config, StageConfig
 from rstar2.learner.protocol import Learner, TrainSequence
 from rstar2.runtime import Runtime, Services
+from rstar2.sync import SyncStats
 from rstar2.trainer import state as st
-from rstar2.trainer.batch import select
+from rstar2.trainer.ahead import RolloutsAhead
+from rstar2.trainer.batch import Rollout, select
 from rstar2.trainer.checkpoint import METRICS, Checkpointer
 from rstar2.trainer.evaluation import evaluate_all
 from rstar2.trainer.problems import load_eval_problems, load_train_problems
@@ -45,7 +51,7 @@ from rstar2.trainer.records import StepClock, step_record, summary_line
 from rstar2.trainer.sinks import MetricSinks
 from rstar2.trainer.source import RolloutSource
 from rstar2.trainer.stopping import Stopped, StopRequest
-from rstar2.trainer.wiring import bucket_bytes, check_supported, learner_settings, services_spec
+from rstar2.trainer.wiring import check_supported, learner_settings, services_spec
 
 
 class Trainer:
@@ -109,13 +115,14 @@ class Trainer:
         where = self.runtime.placement.describe_learner(self._learner)
         if where:
             self._say(f"learner: {where}")
+        self.ahead = RolloutsAhead(self._generate, self.cfg.rollout.max_staleness_steps)
         self.rng = st.rng_from_json([], self.cfg.seed)
         if resume:
             self._restore()
         self.sinks = MetricSinks(self.cfg.logging, self.run_dir, self.cfg.model_dump(mode="json"))
 
     def _restore(self) -> None:
-        restored = self.checkpointer.restore(self.learner)
+        restored = self.checkpointer.restore(self.learner, self.ahead.load)
         if restored is None:
             self._say("resume: no checkpoint yet; starting from the beginning")
             return
@@ -139,15 +146,15 @@ class Trainer:
         if self.source.replaying:
             yield
             return
-        from rstar2.learner.sync import sync_weights
-
-        async with self.runtime.services(services_spec(self.cfg, self.policy_path)) as services:
+        spec = services_spec(self.cfg, self.policy_path)
+        async with self.runtime.services(spec, self.learner) as services:
             self.source.services = services
             try:
                 if self.learner.step > 0:  # resumed: engines start from the checkpoint
-                    await sync_weights(self.learner, services.engines, bucket_bytes(self.cfg))
+                    await services.weights.sync()
                 yield
             finally:
+                await self.ahead.cancel()
                 self.source.services = None
 
     # ---- the loop ----
@@ -227,33 +234,40 @@ class Trainer:
         )
 
     async def step(self, stage: StageConfig, sampler: st.PromptSampler) -> None:
-        """Rollouts -> RoC selection -> learner step -> weight sync -> metrics
-        [-> eval] [-> checkpoint]."""
-        cfg, state = self.cfg, self.state
+        """Rollouts -> RoC selection -> learner step (the next step's rollouts alongside, when
+        they may run ahead) -> weight sync -> metrics [-> eval] [-> checkpoint]."""
+        cfg, state, learner = self.cfg, self.state, self.learner
         step, clock = state.step + 1, StepClock()
         before = copy.deepcopy(state)
-        problems = sampler.next_batch(state, cfg.data.rollout_batch_num_prompts)
+        draw = lambda: sampler.next_batch(state, cfg.data.rollout_batch_num_prompts)  # noqa: E731
         try:
-            groups = await self.source.step_groups(problems, stage, step)
+            batch = await self.ahead.take(step, draw, learner.step)
         except Stopped:  # nothing of this step happened
             vars(state).update(vars(before))
             raise
         clock.mark("rollout")
-        selected = select(groups, cfg.augmentation, cfg.algorithm, self.rng)
-        learned = self._learn(selected.sequences)
+        if self.ahead.may_run_ahead(state.stage_step + 1, stage.num_steps):
+            self.ahead.start(step + 1, state, draw, learner.step)
+        selected = select(batch.groups, cfg.augmentation, cfg.algorithm, self.rng)
+        staleness = learner.step - batch.weight_version
+        learned = await self._learn(selected.sequences)
         clock.mark("learn")
-        if selected.sequences:
-            await self._sync_weights()
+        with contextlib.suppress(Stopped):  # this step learned: it completes; the loop stops
+            await self.ahead.settle(state)  # the run-ahead finishes on the old weights
+        clock.mark("ahead")
+        synced = await self._sync_weights() if selected.sequences else None
         clock.mark("sync")
         state.step, state.stage_step = step, state.stage_step + 1
         record = step_record(
             step=step,
             stage=stage.name,
             stage_step=state.stage_step,
-            groups=groups,
+            groups=batch.groups,
             selected=selected,
             learned=learned,
             clock=clock,
+            staleness=(batch.weight_version, staleness),
+            synced=synced,
         )
         self._log(record)
         self._say(summary_line(record, sum(s.num_steps for s in cfg.stages)))
@@ -262,19 +276,23 @@ class Trainer:
         if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
             self.checkpoint()
 
-    def _learn(self, seqs: list[TrainSequence]) -> dict[str, float]:
+    async def _generate(self, problems: Sequence[int], step: int) -> list[list[Rollout]]:
+        stage = self.cfg.stages[self.state.stage_index]
+        return await self.source.step_groups(problems, stage, step)
+
+    async def _learn(self, seqs: list[TrainSequence]) -> dict[str, float]:
+        """The learner step, off the event loop (rollouts ahead go on meanwhile)."""
         if not seqs:
             return {}
-        if self.cfg.algorithm.recompute_old_logprobs:
-            old = self.learner.compute_logprobs(seqs)
-            seqs = [replace(s, old_logprobs=o) for s, o in zip(seqs, old, strict=True)]
-        return self.learner.train_step(seqs)
-
-    async def _sync_weights(self) -> None:
-        from rstar2.learner.sync import sync_weights
-
         if self.services is not None:
-            await sync_weights(self.learner, self.services.engines, bucket_bytes(self.cfg))
+            await self.services.weights.before_learn()
+        if self.cfg.algorithm.recompute_old_logprobs:
+            old = await asyncio.to_thread(self.learner.compute_logprobs, seqs)
+            seqs = [replace(s, old_logprobs=o) for s, o in zip(seqs, old, strict=True)]
+        return await asyncio.to_thread(self.learner.train_step, seqs)
+
+    async def _sync_weights(self) -> SyncStats | None:
+        return await self.services.weights.sync() if self.services is not None else None
 
     async def evaluate(self, step: int) -> dict[str, float]:
         """Every eval dataset at the current weights; reports under eval/step_N/."""
@@ -302,7 +320,7 @@ class Trainer:
         return bool(every) and step > 0 and step % every == 0
 
     def checkpoint(self) -> Path:
-        return self.checkpointer.save(self.learner, self.state, self.rng)
+        return self.checkpointer.save(self.learner, self.state, self.rng, self.ahead.save)
 
     # ---- output ----
 

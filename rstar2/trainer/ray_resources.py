@@ -25,7 +25,9 @@ class ActorDemand:
 
 
 def engine_demand(cfg: Config) -> ActorDemand:
-    gpus = cfg.rollout.tensor_parallel_size if cfg.cluster.accelerator != "cpu" else 0
+    gpus: float = cfg.rollout.tensor_parallel_size if cfg.cluster.accelerator != "cpu" else 0
+    if cfg.cluster.colocate:  # on its learner ranks' GPUs (rstar2.runtime.placement)
+        gpus = 0
     return ActorDemand("rollout engine", cfg.rollout.num_engines, 1, gpus)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rstar2.sync import SyncStats
 from rstar2.trainer.batch import Rollout, Selected, rollout_metrics
 
 
@@ -40,7 +41,11 @@ def step_record(
     selected: Selected,
     learned: dict[str, float],
     clock: StepClock,
+    staleness: tuple[int, int] = (0, 0),
+    synced: SyncStats | None = None,
 ) -> dict[str, Any]:
+    """``staleness``: the weight version (learner steps) that generated the rollouts, and how
+    many updates behind the learner's weights they were when it learned from them."""
     rollouts = [r for g in groups for r in g]
     total_tokens = sum(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
     sampled = sum(sum(r.trajectory.loss_mask) for r in rollouts)
@@ -54,11 +59,15 @@ def step_record(
         **selected.metrics,
         **{f"actor/{k}": v for k, v in learned.items() if k != "step"},
         "updated": bool(selected.sequences),
+        "rollout/weight_version": staleness[0],
+        "rollout/staleness_steps": staleness[1],
+        **(synced.metrics() if synced is not None else {}),
         "time_rollout_s": time_rollout,
         "time_generate_s": sum(r.trajectory.time_generate_s for r in rollouts),
         "time_tool_s": sum(r.trajectory.time_tool_s for r in rollouts),
         "time_reward_s": sum(r.time_reward_s for r in rollouts),
         "time_learn_s": clock.phases.get("learn", 0.0),
+        "time_ahead_wait_s": clock.phases.get("ahead", 0.0),
         "time_sync_s": clock.phases.get("sync", 0.0),
         "time_step_s": elapsed,
         "tokens_per_s": total_tokens / elapsed if elapsed > 0 else 0.0,

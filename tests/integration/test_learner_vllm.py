@@ -15,8 +15,8 @@ from rstar2.agent.loop import AgentSettings, Trajectory, run_trajectory
 from rstar2.agent.template import ChatTemplate
 from rstar2.config import OptimConfig, TorchLearnerConfig
 from rstar2.learner.protocol import TrainSequence
-from rstar2.learner.sync import sync_weights
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
+from rstar2.sync.buckets import sync_weights
 from sandbox_pool import PoolConfig, SandboxPool
 from tests.helpers.tool_model import SCRIPTS
 from tests.helpers.vllm_setup import engine_config, tool_template

@@ -13,9 +13,9 @@ import pytest_asyncio
 from rstar2.agent.loop import AgentSettings
 from rstar2.config import OptimConfig
 from rstar2.learner.protocol import TrainSequence
-from rstar2.learner.sync import sync_weights
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 from rstar2.rollout.dispatch import Dispatcher, run_scheduled
+from rstar2.sync.buckets import sync_weights
 from sandbox_pool import PoolConfig, SandboxPool
 from scheduler.core import SchedulerSettings
 from tests.helpers.tool_model import SCRIPTS

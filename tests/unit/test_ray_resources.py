@@ -39,17 +39,29 @@ def test_cpu_run_asks_a_cpu_per_engine_and_for_the_sandbox() -> None:
 def test_gpu_run_counts_tensor_parallel_gpus_and_one_per_node() -> None:
     cfg = load_config(
         PAPER,
-        ["cluster.ray=true", "rollout.num_engines=3", "rollout.tensor_parallel_size=2"],
-    )
+        ["cluster.colocate=false", "learner.num_ranks=1", "rollout.num_engines=3",
+         "rollout.tensor_parallel_size=2"],
+    )  # fmt: skip
     node = {"CPU": 64.0, "GPU": 4.0}
     check_fits(actor_demands(cfg), [node, node])  # 3 x 2 GPUs + the learner's 1 of 8
     with pytest.raises(ConfigError, match=r"7 GPUs.*has 32 CPUs and 4 GPUs"):
         check_fits(actor_demands(cfg), [{"CPU": 32.0, "GPU": 4.0}])
     wide = load_config(
-        PAPER, ["cluster.ray=true", "rollout.num_engines=1", "rollout.tensor_parallel_size=8"]
-    )
+        PAPER,
+        ["cluster.colocate=false", "learner.num_ranks=1", "rollout.num_engines=1",
+         "rollout.tensor_parallel_size=8"],
+    )  # fmt: skip
     with pytest.raises(ConfigError, match="one rollout engine needs 1 CPU and 8 GPU on one node"):
         check_fits(actor_demands(wide), [node, node, node])  # 12 GPUs, but 4 a node
+
+
+def test_the_colocated_recipe_asks_one_gpu_per_learner_rank_and_none_for_engines() -> None:
+    cfg = load_config(PAPER)  # 16 engines x TP 4 on the 64 learner ranks' GPUs
+    assert cfg.cluster.colocate and cfg.learner.num_ranks == 64
+    node = {"CPU": 128.0, "GPU": 8.0}
+    check_fits(actor_demands(cfg), [node] * 8)
+    with pytest.raises(ConfigError, match=r"64 GPUs.*has 896 CPUs and 56 GPUs"):
+        check_fits(actor_demands(cfg), [node] * 7)
 
 
 def test_train_exits_2_with_one_line_when_ray_cannot_place_the_engines(tmp_path) -> None:

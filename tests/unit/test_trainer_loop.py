@@ -18,7 +18,7 @@ from rstar2.trainer.loop import Trainer
 from tests.helpers.hf_placement import HFPlacement
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-_TIMING = ("time_", "tokens_per_s", "gen_tokens_per_s")
+_TIMING = ("time_", "tokens_per_s", "gen_tokens_per_s", "sync/gb_per_s")  # wall clock
 
 
 def _config(tool_model_dir: Path, data: Path, **eval_cfg: Any) -> Config:
@@ -163,3 +163,80 @@ async def test_a_stop_during_eval_checkpoints_and_the_resume_runs_that_eval_agai
     assert (run_dir / "checkpoints" / "step_000002" / "trainer.json").is_file()
     await _train(cfg, run_dir, resume=True)
     assert _metrics(run_dir) == _metrics(tmp_path / "straight")
+
+
+def _ahead_config(tool_model_dir: Path, data: Path) -> Config:
+    cfg = _config(tool_model_dir, data, every_steps=0)
+    cfg.rollout.max_staleness_steps = 1
+    cfg.stages[0].num_steps = 3
+    return cfg
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def ahead_run(tool_model_dir: Path, data: Path, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("ahead")
+    summary = await _train(_ahead_config(tool_model_dir, data), run_dir)
+    assert summary["steps"] == 4
+    return run_dir
+
+
+async def test_rollouts_one_step_ahead_record_their_staleness(ahead_run: Path) -> None:
+    steps = [r for r in _metrics(ahead_run) if "reward_mean" in r]
+    assert [(r["step"], r["stage"]) for r in steps] == [(1, "s1"), (2, "s1"), (3, "s1"), (4, "s2")]
+    updates = 0  # learner steps taken before each step learned
+    for r in steps:
+        # generated ahead (steps 2, 3) on the weights before the previous step's update; the
+        # first step of a stage is generated when it starts, on the newest weights
+        ahead = r["stage"] == "s1" and r["step"] > 1
+        previous_updated = ahead and steps[r["step"] - 2]["updated"]
+        assert r["rollout/weight_version"] == updates - int(previous_updated)
+        assert r["rollout/staleness_steps"] == int(previous_updated)
+        updates += int(r["updated"])
+    assert any(r["rollout/staleness_steps"] == 1 for r in steps), "no step learned ahead"
+    assert all(r["sync/path"] == "buckets" for r in steps if r["updated"])
+
+
+async def test_resume_with_rollouts_ahead_repeats_the_run(
+    tool_model_dir: Path, data: Path, ahead_run: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(ahead_run, run_dir)
+    for later in ("step_000003", "step_000004"):  # died after step 2, step 3's rollouts ahead
+        shutil.rmtree(run_dir / "checkpoints" / later)
+    assert (run_dir / "checkpoints" / "step_000002" / "ahead" / "step_000003.jsonl").is_file()
+    for produced in ("model", "summary.json", "curves.png"):
+        path = run_dir / produced
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    await _train(_ahead_config(tool_model_dir, data), run_dir, resume=True)
+    assert _metrics(run_dir) == _metrics(ahead_run)
+
+
+class _StopsWhileAhead(Trainer):
+    """Receives SIGTERM's stop request as step 2 starts learning, step 3's rollouts ahead."""
+
+    async def _learn(self, seqs: Any) -> dict[str, float]:
+        if self.state.step == 1:
+            self.request_stop()
+        return await super()._learn(seqs)
+
+
+async def test_a_stop_while_rollouts_run_ahead_drops_them_and_resumes_exactly(
+    tool_model_dir: Path, data: Path, ahead_run: Path, tmp_path: Path
+) -> None:
+    cfg = _ahead_config(tool_model_dir, data)
+    run_dir = tmp_path / "stopped"
+    run_dir.mkdir()
+    async with Runtime(HFPlacement()) as runtime:
+        trainer = _StopsWhileAhead(cfg, run_dir, runtime, quiet=True)
+        trainer.prepare(resume=False)
+        summary = await trainer.run()
+    assert summary == {"stopped": True, "steps": 2}
+    checkpoint = run_dir / "checkpoints" / "step_000002"
+    assert not (checkpoint / "ahead").exists()  # cancelled: step 3 draws its prompts again
+    await _train(cfg, run_dir, resume=True)
+    resumed = [r for r in _metrics(run_dir) if "reward_mean" in r]
+    straight = [r for r in _metrics(ahead_run) if "reward_mean" in r]
+    assert resumed[:2] == straight[:2]
+    # step 3 is generated after the resume on the newest weights: same prompts, no staleness
+    assert resumed[2]["rollout/staleness_steps"] == 0
+    assert resumed[2]["num_prompts"] == straight[2]["num_prompts"]

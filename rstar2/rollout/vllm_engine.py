@@ -126,11 +126,15 @@ class VLLMEngine:
             gpu_memory_utilization=rollout.gpu_memory_utilization,
             tensor_parallel_size=rollout.tensor_parallel_size,
             num_gpu_blocks_override=config.num_gpu_blocks_override,
-            worker_extension_cls=WORKER_EXTENSION if native is None else "",
+            worker_extension_cls=WORKER_EXTENSION,  # file loads, and checksums everywhere
             weight_transfer_config=native,
             enable_sleep_mode=config.sleep_mode,
-            # one GPU: the worker runs inside the engine-core process (2 processes, not 3)
-            distributed_executor_backend="uni" if rollout.tensor_parallel_size == 1 else None,
+            # one GPU: the worker runs inside the engine-core process (2 processes, not 3);
+            # colocated (sleep mode): worker processes on the GPUs made visible to this actor,
+            # not Ray's executor, which would ask the learner's bundles for GPUs they hold
+            distributed_executor_backend="uni"
+            if rollout.tensor_parallel_size == 1
+            else ("mp" if config.sleep_mode else None),
             enable_prefix_caching=rollout.enable_prefix_caching,
             enable_chunked_prefill=chunked,
             # this engine's own KV size (not the process-wide VLLM_CPU_KVCACHE_SPACE)

@@ -16,8 +16,11 @@ One :class:`WeightSync` per run, chosen by the placement
   learner rank on the same GPU, then wake their KV cache.
 
 Guarantees of every implementation: when :meth:`WeightSync.sync` returns, every engine serves
-the learner's current weights and its prefix cache is empty; requests that started before
-finish on the weights they started with; the learner side holds at most one extra bucket.
+the learner's current weights and its prefix cache is empty. The trainer syncs only when no
+request is in flight (after the step and any rollouts ahead are done); a colocated engine's
+sleep aborts what is still running. Extra memory on the learner side: one bucket (buckets,
+group); NCCL: vLLM's two packed buffers of ``bucket_bytes``; IPC: each rank's copy of the
+bucket plus vLLM's IPC buffer (at least the largest tensor).
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ class WeightSync(Protocol):
         ...
 
     async def aclose(self) -> None:
-        """Release transfer groups and handles (idempotent)."""
+        """Release what the sync holds (idempotent). The native paths keep their transfer
+        group until the engines and learner ranks are closed with the run."""
         ...
 
 

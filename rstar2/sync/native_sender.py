@@ -48,15 +48,19 @@ def learner_weights(learner: Learner, meta: Meta, bucket_bytes: int, everywhere:
     from vllm.distributed.weight_transfer.base import ParamMeta
 
     base = _source_base()
+    entries = meta
     spread = everywhere and dist.is_initialized() and dist.get_world_size() > 1
 
     class LearnerWeights(base):  # type: ignore[misc, valid-type]
+        meta = entries
+
         def metadata(self) -> list[Any]:
             return [ParamMeta(n, getattr(torch, d), tuple(s)) for n, d, s, _ in meta]
 
         def __iter__(self) -> Iterator[tuple[str, Any]]:
             rank = dist.get_rank() if dist.is_initialized() else 0
             for index, bucket in enumerate(learner.named_weights(bucket_bytes)):
+                bucket = [(n, t.to("cuda", non_blocking=True)) for n, t in bucket]  # megatron: CPU
                 if not spread:
                     yield from bucket
                     continue
@@ -105,6 +109,18 @@ def ipc_sender(source: Any, engine_actors: list[Any], bucket_bytes: int, rank: i
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
     from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
-    info = IPCTrainerInitInfo(packed=True, packed_buffer_size_bytes=bucket_bytes, rank=rank)
+    # vLLM's IPC buffer must hold the largest tensor (our buckets may exceed bucket_bytes by one)
+    largest = max((_nbytes(d, s) for _, d, s, _ in source.meta), default=0)
+    size = max(bucket_bytes, largest)
+    info = IPCTrainerInitInfo(packed=True, packed_buffer_size_bytes=size, rank=rank)
     client = RayVLLMWeightSyncClient(engine_actors)
     return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
+
+
+def _nbytes(dtype: str, shape: list[int]) -> int:
+    import torch
+
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n * torch.empty((), dtype=getattr(torch, dtype)).element_size()

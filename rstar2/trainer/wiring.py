@@ -42,6 +42,13 @@ def check_supported(cfg: Config) -> None:
 def check_placement_supported(cfg: Config) -> None:
     """ConfigError for a colocated or overlapped placement this machine cannot run."""
     c, staleness = cfg.cluster, cfg.rollout.max_staleness_steps
+    if staleness and cfg.algorithm.recompute_old_logprobs:
+        raise ConfigError(
+            "rollout.max_staleness_steps",
+            "rollouts one step ahead need algorithm.recompute_old_logprobs: false: the loss's "
+            "behaviour policy must be the engine's (the weights that sampled them), not the "
+            "learner's current weights",
+        )
     if c.colocate:
         if c.accelerator == "cpu":
             raise ConfigError(
@@ -51,6 +58,13 @@ def check_placement_supported(cfg: Config) -> None:
             )
         if not c.ray:
             raise ConfigError("cluster.colocate", "colocated placement needs cluster.ray: true")
+        if cfg.learner.num_ranks > 1:
+            raise ConfigError(
+                "cluster.colocate",
+                "colocated placement takes one learner rank for now: the CUDA-IPC transfer from "
+                "several ranks needs every rank to hold each bucket in step, which the learners' "
+                "weight export does not do yet (use the split placement)",
+            )
         r = cfg.rollout
         if r.num_engines * r.tensor_parallel_size != cfg.learner.num_ranks:
             raise ConfigError(

@@ -215,9 +215,18 @@ def test_train_refuses_what_this_build_cannot_run_as_configured() -> None:
             cluster={"accelerator": "cpu", "gpus_per_node": 0, "colocate": True, "ray": True}
         ),
         "rollout.max_staleness_steps": cfg(
-            cluster={"colocate": True, "ray": True}, rollout={"max_staleness_steps": 1}
+            cluster={"colocate": True, "ray": True},
+            rollout={"max_staleness_steps": 1},
+            algorithm={"recompute_old_logprobs": False},
         ),  # colocated engines sleep while the learner steps: nothing can run ahead
     }
+    with pytest.raises(ConfigError, match="recompute_old_logprobs: false") as err:
+        check_supported(cfg(rollout={"max_staleness_steps": 1}))
+    assert err.value.key == "rollout.max_staleness_steps"
+    ahead = {"max_staleness_steps": 1}
+    check_supported(cfg(rollout=ahead, algorithm={"recompute_old_logprobs": False}))
+    with pytest.raises(ConfigError, match="one learner rank for now") as err:
+        check_supported(cfg(cluster={"colocate": True, "ray": True}, learner={"num_ranks": 2}))
     for key, config in cases.items():
         with pytest.raises(ConfigError) as err:
             check_supported(config)

@@ -56,8 +56,8 @@ def test_gpu_run_counts_tensor_parallel_gpus_and_one_per_node() -> None:
 
 
 def test_the_colocated_recipe_asks_one_gpu_per_learner_rank_and_none_for_engines() -> None:
-    cfg = load_config(PAPER)  # 16 engines x TP 4 on the 64 learner ranks' GPUs
-    assert cfg.cluster.colocate and cfg.learner.num_ranks == 64
+    # 16 engines x TP 4 on the 64 learner ranks' GPUs
+    cfg = load_config(PAPER, ["cluster.ray=true", "cluster.colocate=true", "learner.num_ranks=64"])
     node = {"CPU": 128.0, "GPU": 8.0}
     check_fits(actor_demands(cfg), [node] * 8)
     with pytest.raises(ConfigError, match=r"64 GPUs.*has 896 CPUs and 56 GPUs"):

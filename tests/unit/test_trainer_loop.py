@@ -78,10 +78,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-async def _train(cfg: Config, run_dir: Path, *, resume: bool = False) -> dict[str, Any]:
+async def _train(
+    cfg: Config, run_dir: Path, *, resume: bool = False, trainer_cls: type[Trainer] = Trainer
+) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     async with Runtime(HFPlacement()) as runtime:
-        trainer = Trainer(cfg, run_dir, runtime, quiet=True)
+        trainer = trainer_cls(cfg, run_dir, runtime, quiet=True)
         trainer.prepare(resume=resume)
         return await trainer.run()
 
@@ -153,11 +155,7 @@ async def test_a_stop_during_eval_checkpoints_and_the_resume_runs_that_eval_agai
     cfg.stages = cfg.stages[:1]
     await _train(cfg, tmp_path / "straight")
     run_dir = tmp_path / "stopped"
-    run_dir.mkdir()
-    async with Runtime(HFPlacement()) as runtime:
-        trainer = _StopsInEval(cfg, run_dir, runtime, quiet=True)
-        trainer.prepare(resume=False)
-        summary = await trainer.run()
+    summary = await _train(cfg, run_dir, trainer_cls=_StopsInEval)
     assert summary == {"stopped": True, "steps": 2}
     assert [r["step"] for r in _metrics(run_dir) if r.get("eval")] == [0]  # 2 was cut short
     assert (run_dir / "checkpoints" / "step_000002" / "trainer.json").is_file()
@@ -168,6 +166,7 @@ async def test_a_stop_during_eval_checkpoints_and_the_resume_runs_that_eval_agai
 def _ahead_config(tool_model_dir: Path, data: Path) -> Config:
     cfg = _config(tool_model_dir, data, every_steps=0)
     cfg.rollout.max_staleness_steps = 1
+    cfg.algorithm.recompute_old_logprobs = False  # the behaviour policy is the engine's
     cfg.stages[0].num_steps = 3
     return cfg
 
@@ -225,11 +224,7 @@ async def test_a_stop_while_rollouts_run_ahead_drops_them_and_resumes_exactly(
 ) -> None:
     cfg = _ahead_config(tool_model_dir, data)
     run_dir = tmp_path / "stopped"
-    run_dir.mkdir()
-    async with Runtime(HFPlacement()) as runtime:
-        trainer = _StopsWhileAhead(cfg, run_dir, runtime, quiet=True)
-        trainer.prepare(resume=False)
-        summary = await trainer.run()
+    summary = await _train(cfg, run_dir, trainer_cls=_StopsWhileAhead)
     assert summary == {"stopped": True, "steps": 2}
     checkpoint = run_dir / "checkpoints" / "step_000002"
     assert not (checkpoint / "ahead").exists()  # cancelled: step 3 draws its prompts again

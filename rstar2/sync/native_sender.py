@@ -14,7 +14,7 @@ Nothing here runs on CPU: vLLM's transfer engines need CUDA.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rstar2.learner.protocol import Learner
@@ -110,14 +110,15 @@ def ipc_sender(source: Any, engine_actors: list[Any], bucket_bytes: int, rank: i
     from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
     # vLLM's IPC buffer must hold the largest tensor (our buckets may exceed bucket_bytes by one)
-    largest = max((_nbytes(d, s) for _, d, s, _ in source.meta), default=0)
+    largest = max((tensor_nbytes(d, s) for _, d, s, _ in source.meta), default=0)
     size = max(bucket_bytes, largest)
     info = IPCTrainerInitInfo(packed=True, packed_buffer_size_bytes=size, rank=rank)
     client = RayVLLMWeightSyncClient(engine_actors)
     return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
 
 
-def _nbytes(dtype: str, shape: list[int]) -> int:
+def tensor_nbytes(dtype: str, shape: Sequence[int]) -> int:
+    """Bytes of a tensor of ``dtype`` (a torch dtype name) and ``shape``."""
     import torch
 
     n = 1

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rstar2.sync import SyncStats, check_bucket_bytes
+from rstar2.sync.native_sender import tensor_nbytes
 
 if TYPE_CHECKING:
     from rstar2.learner.ray_learner import RayLearner
@@ -42,7 +43,7 @@ class _NativeSync:
         check_bucket_bytes(bucket_bytes)
         self.learner, self.engines, self.bucket_bytes = learner, list(engines), bucket_bytes
         self._meta: list[tuple[str, str, list[int], int]] | None = None
-        self._version = 0
+        self._open = False  # the transfer engines are initialised (on the first sync)
 
     async def _metadata(self) -> list[tuple[str, str, list[int], int]]:
         if self._meta is None:
@@ -53,7 +54,7 @@ class _NativeSync:
         meta = self._meta or []
         sizes: dict[int, int] = {}
         for _, dtype, shape, bucket in meta:
-            sizes[bucket] = sizes.get(bucket, 0) + _nbytes(dtype, shape)
+            sizes[bucket] = sizes.get(bucket, 0) + tensor_nbytes(dtype, shape)
         return SyncStats(
             buckets=len(sizes),
             tensors=len(meta),
@@ -72,12 +73,6 @@ class NcclSync(_NativeSync):
     """:class:`~rstar2.sync.WeightSync` over vLLM's NCCL transfer (see the module docstring)."""
 
     path = "nccl"
-
-    def __init__(
-        self, learner: RayLearner, engines: Sequence[RayEngine], bucket_bytes: int
-    ) -> None:
-        super().__init__(learner, engines, bucket_bytes)
-        self._open = False
 
     async def before_learn(self) -> None:
         pass
@@ -111,7 +106,6 @@ class NcclSync(_NativeSync):
         if not self._open:
             await self._init()
         start = time.perf_counter()
-        self._version += 1
         update = {
             "names": [m[0] for m in meta],
             "dtype_names": [m[1] for m in meta],
@@ -136,7 +130,6 @@ class IpcSync(_NativeSync):
         self, learner: RayLearner, engines: Sequence[RayEngine], bucket_bytes: int
     ) -> None:
         super().__init__(learner, engines, bucket_bytes)
-        self._open = False
         self._asleep = False
 
     async def before_learn(self) -> None:
@@ -159,12 +152,3 @@ class IpcSync(_NativeSync):
             await asyncio.gather(*(e.wake_up(["kv_cache"]) for e in self.engines))
             self._asleep = False
         return stats
-
-
-def _nbytes(dtype: str, shape: Sequence[int]) -> int:
-    import torch
-
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n * torch.empty((), dtype=getattr(torch, dtype)).element_size()

@@ -130,6 +130,17 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(handler=_cmd_train)
 
+    launch = sub.add_parser("launch", help="start a run on a cluster")
+    launch_sub = launch.add_subparsers(metavar="WHERE")
+    slurm = launch_sub.add_parser(
+        "slurm", help="render the run's Slurm job (RUNS_DIR/NAME/attempt_K) and submit it"
+    )
+    _add_config_args(slurm)
+    slurm.add_argument(
+        "--dry-run", action="store_true", help="render and print the sbatch command only"
+    )
+    slurm.set_defaults(handler=_cmd_launch_slurm)
+
     ev = sub.add_parser("eval", help="avg@n / pass@k of a model on a benchmark, with the tool")
     from rstar2.eval import add_arguments as add_eval_arguments
 
@@ -281,6 +292,11 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+# addresses of services a resumed run may find elsewhere (a relaunched job's sandbox node):
+# where things run, never what the run computes
+RESUME_OVERRIDES = ("sandbox.url", "sandbox.redis_url")
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     import asyncio
     import signal
@@ -293,12 +309,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.replay_rollouts is not None and not args.replay_rollouts.is_dir():
         raise ConfigError("--replay-rollouts", f"{args.replay_rollouts} is not a folder")
     if args.resume is not None:
-        if args.config or args.overrides or args.run_dir:
-            raise ConfigError("--resume", "takes the run's own config.json; drop other options")
+        moved = [o for o in args.overrides if o.split("=", 1)[0] not in RESUME_OVERRIDES]
+        if args.config or moved or args.run_dir:
+            raise ConfigError(
+                "--resume",
+                "takes the run's own config.json; drop other options (only where services "
+                f"moved may change: {', '.join(RESUME_OVERRIDES)})",
+            )
         run_dir = args.resume
         if not (run_dir / "config.json").is_file():
             raise ConfigError("--resume", f"{run_dir} has no config.json: not a run folder")
-        cfg = load_config(run_dir / "config.json")
+        cfg = load_config(run_dir / "config.json", args.overrides)
     else:
         cfg = load_config(args.config, args.overrides)
         check_supported(cfg)  # before a run folder exists
@@ -327,6 +348,26 @@ def _cmd_train(args: argparse.Namespace) -> int:
         f"train: {summary['steps']} steps; model in {summary['model_dir']}"
         + (f"; held-out change {gain_text}" if gain_text else "")
     )
+    return 0
+
+
+def _cmd_launch_slurm(args: argparse.Namespace) -> int:
+    import shlex
+
+    from launcher.slurm import LaunchError, prepare, submit
+    from rstar2.config_io import load_config
+
+    attempt = prepare(load_config(args.config, args.overrides))  # ConfigError: nothing written
+    print(f"job script: {attempt.script}")
+    if args.dry_run:
+        print(shlex.join(attempt.command))
+        return 0
+    try:
+        attempt = submit(attempt)
+    except LaunchError as exc:
+        print(f"rstar2: launch error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(f"submitted job {attempt.job_id}; logs in {attempt.folder / 'logs'}")
     return 0
 
 

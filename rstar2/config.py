@@ -17,25 +17,14 @@ import typing
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
 
 from rstar2.agent.template import PromptFormat
+from rstar2.config_base import ConfigError
+from rstar2.config_base import Section as _Section
+from rstar2.config_launch import LaunchConfig
 
-
-class ConfigError(ValueError):
-    """A user error in a config file or override; ``key`` is the dotted path it concerns."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}" if key else message)
-        self.key = key
-        self.message = message
-
-    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str]]:
-        return ConfigError, (self.key, self.message)  # crosses processes (Ray actors) whole
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+__all__ = ["Config", "ConfigError", "LaunchConfig"]
 
 
 class TinyModelConfig(_Section):
@@ -340,6 +329,12 @@ class TorchLearnerConfig(_LearnerSection):
     """transformers models under FSDP2 (data parallel only)."""
 
     backend: Literal["torch"] = Field("torch", description="torch (FSDP2 on HF models).")
+    offload_while_generating: bool = Field(
+        False,
+        description="Colocated placement: parameters and optimizer state move to host memory "
+        "after each weight sync and back when the engines sleep, so the engines' KV cache can "
+        "use the learner's GPU memory while they generate; needs cluster.colocate.",
+    )
 
 
 class MegatronLearnerConfig(_LearnerSection):
@@ -494,6 +489,9 @@ class Config(_Section):
     )
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Hardware.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric sinks.")
+    launch: LaunchConfig = Field(
+        default_factory=LaunchConfig, description="Cluster job (rstar2 launch): nodes per role."
+    )
 
 
 def section_models(annotation: Any) -> dict[str, type[BaseModel]]:

@@ -20,13 +20,22 @@ fi
 # `import transformers` next to the CPU torch; nothing in rstar2 needs them (../shared/notes).
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 
-if [[ "$with_dev" == 1 ]] && ! command -v redis-server >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    SUDO=""; [[ "$(id -u)" != 0 ]] && SUDO="sudo"
-    $SUDO apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
-  else
-    echo "install.sh: redis-server not found and apt-get unavailable; Redis tests will be skipped" >&2
+# the test services: Redis, and a Slurm (daemons, clients, munge) that the launcher tests start
+# as a 3-node cluster under a temp dir (tests/helpers/slurm_cluster.py)
+if [[ "$with_dev" == 1 ]]; then
+  missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  PATH="$PATH:/usr/sbin" command -v slurmctld >/dev/null 2>&1 \
+    || missing+=(slurmctld slurmd slurm-client munge)
+  if (( ${#missing[@]} )); then
+    if command -v apt-get >/dev/null 2>&1; then
+      SUDO=""; [[ "$(id -u)" != 0 ]] && SUDO="sudo"
+      $SUDO apt-get update -qq >/dev/null
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+    else
+      echo "install.sh: ${missing[*]} not found and apt-get unavailable; their tests will be skipped" >&2
+    fi
   fi
 fi
 echo "rstar2 installed in $(pwd)/.venv ($(.venv/bin/python --version))"

@@ -64,8 +64,10 @@ class Learner(Protocol):
 
     def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
         """The full weights under their HF names, in buckets of at most ``bucket_bytes`` (a
-        single larger tensor is a bucket of its own). Every rank must iterate; only rank 0's
-        buckets hold tensors, other ranks get empty lists."""
+        single larger tensor is a bucket of its own). Every rank must iterate, and every rank
+        gets one list per bucket, after that bucket's collectives (the ranks stay in step, so a
+        caller may run its own collective per bucket); only rank 0's lists hold tensors, the
+        other ranks' are empty."""
         ...
 
     def reset_optimizer(self) -> None:

@@ -77,11 +77,30 @@ class LearnerActor:
     def step(self) -> int:
         return self._learner.step
 
-    def gpu_id(self) -> str:
+    def gpu_id(self) -> tuple[str, str]:
+        """(this actor's node id, its GPU's id there)."""
         import ray
 
         ids = ray.get_gpu_ids()
-        return str(ids[0]) if ids else ""
+        return ray.get_runtime_context().get_node_id(), str(ids[0]) if ids else ""
+
+    def node_ip(self) -> str:
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+
+    def offload(self) -> None:
+        """The torch backend's offload (only its config has ``offload_while_generating``)."""
+        from rstar2.learner.torch_backend import TorchLearner
+
+        if isinstance(self._learner, TorchLearner):
+            self._learner.offload()
+
+    def reload(self) -> None:
+        from rstar2.learner.torch_backend import TorchLearner
+
+        if isinstance(self._learner, TorchLearner):
+            self._learner.reload()
 
     def device(self) -> str:
         return str(self._learner.device)
@@ -181,6 +200,7 @@ class RayLearner:
         num_threads: int | None = None,
         ready_timeout_s: float = 300.0,
         share_gpus_with: float = 0,
+        resources: dict[str, float] | None = None,
     ) -> RayLearner:
         """Start the ranks (needs a running ``ray.init()``); ``num_cpus`` / ``num_gpus`` per
         rank; ``num_threads``: torch threads per rank, default this process's. ConfigError when
@@ -188,7 +208,8 @@ class RayLearner:
 
         ``share_gpus_with`` (colocation): each rank's bundle is one whole GPU plus that many
         more CPUs for the colocated engine that will use that GPU too (see
-        :meth:`visible_gpus`: an engine is pinned to its ranks' GPUs, not given Ray's)."""
+        :meth:`gpus`: an engine is pinned to its ranks' GPUs, not given Ray's).
+        ``resources``: custom Ray resources each rank asks for too (a launched job's role)."""
         import ray
         import torch
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -200,6 +221,7 @@ class RayLearner:
         if share_gpus_with:
             bundle = {"CPU": num_cpus + share_gpus_with, "GPU": 1}
             num_gpus = 1
+        bundle |= resources or {}
         group = None
         if bundle:  # ranks that ask for nothing (CPU learners sharing cores) need no reservation
             group = ray.util.placement_group([bundle] * world, strategy="PACK")
@@ -212,7 +234,9 @@ class RayLearner:
                     f"Ray could not place {world} learner ranks of {bundle} in "
                     f"{ready_timeout_s:.0f} s: the cluster lacks the resources",
                 ) from None
-        remote: Any = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(LearnerActor)
+        remote: Any = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or {})(
+            LearnerActor
+        )
         actors = [
             remote.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -244,11 +268,24 @@ class RayLearner:
             raise
         return client
 
-    def visible_gpus(self) -> list[str]:
-        """Each rank's GPU id on its node (what ``CUDA_VISIBLE_DEVICES`` names there)."""
+    async def gpus(self) -> list[tuple[str, str]]:
+        """Each rank's (node id, GPU id on that node: what ``CUDA_VISIBLE_DEVICES`` names)."""
+        found = await asyncio.gather(*(a.gpu_id.remote() for a in self._actors))
+        return [(str(node), str(gpu)) for node, gpu in found]
+
+    def node_ips(self) -> list[str]:
+        """Each rank's node address."""
         import ray
 
-        return [str(i) for i in ray.get([a.gpu_id.remote() for a in self._actors])]
+        return [str(ip) for ip in ray.get([a.node_ip.remote() for a in self._actors])]
+
+    async def offload(self) -> None:
+        """Every rank's parameters and optimizer state to host memory (torch backend)."""
+        await asyncio.gather(*(a.offload.remote() for a in self._actors))
+
+    async def reload(self) -> None:
+        """Every rank's state back on its GPU."""
+        await asyncio.gather(*(a.reload.remote() for a in self._actors))
 
     @property
     def placement_group(self) -> Any:

@@ -102,6 +102,8 @@ class TorchLearner:
                 fully_shard(layer)
             fully_shard(model)
         self.model = model
+        self._offloaded: list[tuple[dict[str, Any], str]] = []  # optimizer state moved to host
+        self._on_host = False
         self.reset_optimizer()
         self._step = 0
 
@@ -111,6 +113,7 @@ class TorchLearner:
 
     def reset_optimizer(self) -> None:
         """Fresh AdamW state and a new warm-up (a new RL stage); the step count goes on."""
+        self.reload()
         settings = self.settings
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -142,6 +145,7 @@ class TorchLearner:
     def compute_logprobs(self, batch: Sequence[TrainSequence]) -> list[list[float]]:
         """Every rank is given the whole batch, computes its share's log-probs and returns all
         of them (gathered over ranks)."""
+        self.reload()
         mine = self._share(batch)
         groups = self._plan(batch, mine)
         rounds = self._max_over_ranks(len(groups))
@@ -164,6 +168,7 @@ class TorchLearner:
     def train_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
         """One step on the whole ``batch`` (every rank is given all of it and trains on its
         share: every ``world``-th sequence)."""
+        self.reload()
         totals = BatchTotals.of(batch)
         sums: dict[str, float] = {}
         tokens = 0
@@ -182,6 +187,7 @@ class TorchLearner:
     def sft_step(self, batch: Sequence[TrainSequence]) -> dict[str, float]:
         """One optimizer step of supervised learning: the mean negative log-likelihood of the
         tokens where ``loss_mask`` is 1 (over the whole batch, across micro-batches and ranks)."""
+        self.reload()
         total = float(sum(sum(x.loss_mask) for x in batch))
         nll_sum = 0.0
         for mb, real in self._micro_batches(batch):
@@ -235,6 +241,7 @@ class TorchLearner:
 
     def export_hf(self, folder: str | Path) -> None:
         """Write the full model as an HF folder (rank 0 writes; every rank must call)."""
+        self.reload()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -244,6 +251,34 @@ class TorchLearner:
         if self.world > 1:
             dist.barrier()
 
+    # ---- colocation ----
+
+    def offload(self) -> None:
+        """Parameters and optimizer state to host memory and the GPU's cached blocks freed, so
+        colocated engines can use the memory; every later call that computes brings them back
+        first (:meth:`reload`), bit-equal. A checkpoint saved meanwhile is written from host
+        memory. No-op on CPU or when already offloaded."""
+        if self.device.type == "cpu" or self._on_host:
+            return
+        host = torch.device("cpu")
+        self.model.to(host)  # FSDP2 re-registers its shards (FSDPModule._apply)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                    state[key] = value.to(host)
+                    self._offloaded.append((state, key))
+        self._on_host = True
+        torch.cuda.empty_cache()
+
+    def reload(self) -> None:
+        """Undo :meth:`offload` (no-op when the state is on the device)."""
+        if not self._on_host:
+            return
+        self.model.to(self.device)
+        for state, key in self._offloaded:
+            state[key] = state[key].to(self.device)
+        self._offloaded, self._on_host = [], False
+
     # ---- weights and checkpoints ----
 
     def named_weights(
@@ -251,17 +286,20 @@ class TorchLearner:
     ) -> Iterator[list[tuple[str, Any]]]:
         """Buckets of whole units: a decoder layer (``model.layers.N.*``) or another module.
         Engines fuse a layer's projections (q/k/v, gate/up) and cannot load part of one, so a
-        unit larger than ``bucket_bytes`` is a bucket of its own."""
+        unit larger than ``bucket_bytes`` is a bucket of its own. Every rank yields one list
+        per bucket, after that bucket's gathers (in step); only rank 0's hold tensors."""
+        self.reload()
         bucket: list[tuple[str, Any]] = []
         size = 0
-        for unit in self._units(dtype):
+        for unit in self._units(dtype):  # every rank holds the gathered tensors: same sizes
             nbytes = sum(t.numel() * t.element_size() for _, t in unit)
-            if bucket and size + nbytes > bucket_bytes:
+            if size and size + nbytes > bucket_bytes:
                 yield bucket
                 bucket, size = [], 0
-            bucket.extend(unit)
+            if self.rank == 0:
+                bucket.extend(unit)
             size += nbytes
-        if bucket or self.rank != 0:
+        if size:
             yield bucket
 
     def _units(self, dtype: torch.dtype | None) -> Iterator[list[tuple[str, Any]]]:
@@ -273,8 +311,6 @@ class TorchLearner:
                 continue
             if hasattr(tensor, "full_tensor"):  # an FSDP2 shard: gather (every rank takes part)
                 tensor = tensor.full_tensor()
-            if self.rank != 0:
-                continue
             this = _unit_of(name)
             if unit and this != key:
                 yield unit
@@ -303,6 +339,7 @@ class TorchLearner:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+        self.reload()
         folder = Path(path)
         extra_path = folder / f"extra-rank{self.rank}.pt"
         if not extra_path.is_file():

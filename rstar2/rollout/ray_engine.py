@@ -27,9 +27,11 @@ class EngineActor:
     def __init__(self) -> None:
         self._engine: VLLMEngine | None = None
 
-    async def start(self, config: VLLMEngineConfig) -> dict[str, int]:
+    async def start(self, config: VLLMEngineConfig) -> dict[str, Any]:
+        import ray
+
         self._engine = await VLLMEngine.create(config)
-        return {"block_size": self._engine.block_size}
+        return {"block_size": self._engine.block_size, "node_ip": ray.util.get_node_ip_address()}
 
     # vLLM's weight-sync client protocol (what its RayVLLMWeightSyncClient calls on an
     # AsyncLLM actor), so vLLM's own trainer engines can drive this actor
@@ -95,9 +97,11 @@ class RayEngine:
         interval_s: float,
         tasks: asyncio.TaskGroup | None,
         tensor_parallel_size: int = 1,
+        node_ip: str = "",
     ) -> None:
         self._actor = actor
         self._block_size = block_size
+        self.node_ip = node_ip  # the node it runs on
         self._tensor_parallel_size = tensor_parallel_size
         self._stats = stats
         self._interval_s = interval_s
@@ -124,13 +128,17 @@ class RayEngine:
         stats_interval_s: float = 0.05,
         bundle: tuple[Any, int] | None = None,
         env: dict[str, str] | None = None,
+        resources: dict[str, float] | None = None,
     ) -> RayEngine:
         """``bundle``: (placement group, index) to start in; ``env``: the actor's environment
-        variables (a colocated engine is pinned to its learner ranks' GPUs this way)."""
+        variables (a colocated engine is pinned to its learner ranks' GPUs this way);
+        ``resources``: custom Ray resources asked for too (a launched job's role)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        remote: Any = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(EngineActor)
+        remote: Any = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or {})(
+            EngineActor
+        )
         if bundle is not None:
             strategy = PlacementGroupSchedulingStrategy(
                 bundle[0], placement_group_bundle_index=bundle[1]
@@ -146,7 +154,8 @@ class RayEngine:
             ray.kill(actor)
             raise
         tp = config.rollout.tensor_parallel_size
-        return cls(actor, int(info["block_size"]), stats, stats_interval_s, tasks, tp)
+        block = int(info["block_size"])
+        return cls(actor, block, stats, stats_interval_s, tasks, tp, str(info["node_ip"]))
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingSettings) -> Generation:
         result: Generation = await self._actor.generate.remote(list(prompt_ids), sampling)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rstar2.agent.loop import Sandbox
-from rstar2.config import Config
+from rstar2.config import Config, ConfigError
 
 if TYPE_CHECKING:
     from rstar2.learner.build import LearnerSettings
@@ -38,6 +38,10 @@ class Placement(Protocol):
 
     def describe_learner(self, learner: Learner) -> str | None:
         """Where ``learner`` runs, for the console (None: in this process, nothing to say)."""
+        ...
+
+    def describe_engines(self, engines: Sequence[Engine]) -> str | None:
+        """Where ``engines`` run, for the console (None: in this process)."""
         ...
 
     async def start_engine(self, config: VLLMEngineConfig, tasks: asyncio.TaskGroup) -> Engine:
@@ -67,6 +71,9 @@ class LocalPlacement:
         pass
 
     def describe_learner(self, learner: Learner) -> str | None:
+        return None
+
+    def describe_engines(self, engines: Sequence[Engine]) -> str | None:
         return None
 
     async def start_engine(self, config: VLLMEngineConfig, tasks: asyncio.TaskGroup) -> Engine:
@@ -99,13 +106,16 @@ class LocalPlacement:
 
 
 class RayPlacement:
-    """Learner, engines and the embedded pool each in a Ray actor (see ``cluster.ray``)."""
+    """Learner, engines and the embedded pool each in a Ray actor (see ``cluster.ray``). In a
+    job started by ``rstar2 launch``, whose nodes carry their role as a Ray resource
+    (``learner``, ``rollout``), learner ranks and engines ask for their role's nodes."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self._started_ray = False
         self._learner: Any = None  # colocated: the engines go onto its ranks' GPUs
         self._engines_started = 0
+        self._roles: set[str] = set()  # a launched job's node roles (custom Ray resources)
 
     def open(self) -> None:
         """Join RAY_ADDRESS's cluster when set, else start a local one; fail now (ConfigError)
@@ -118,7 +128,9 @@ class RayPlacement:
             ray.init(include_dashboard=False, log_to_driver=False)
             self._started_ray = True
         try:
-            check_fits(actor_demands(self.cfg), [n["Resources"] for n in ray.nodes() if n["Alive"]])
+            alive = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+            check_fits(actor_demands(self.cfg), alive)
+            self._roles = {r for r in ("learner", "rollout") for n in alive if n.get(r)}
         except BaseException:
             self.close()
             raise
@@ -135,9 +147,20 @@ class RayPlacement:
 
         if not isinstance(learner, RayLearner):
             return None
+        nodes = ", ".join(sorted(set(learner.node_ips())))
         if learner.num_ranks == 1:
-            return f"in a Ray actor on {learner.device}"
-        return f"{learner.num_ranks} ranks in Ray actors on {learner.device}"
+            return f"in a Ray actor on {learner.device}, node {nodes}"
+        return f"{learner.num_ranks} ranks in Ray actors on {learner.device}, nodes {nodes}"
+
+    def describe_engines(self, engines: Sequence[Engine]) -> str | None:
+        from rstar2.rollout.ray_engine import RayEngine
+
+        ips = [e.node_ip for e in engines if isinstance(e, RayEngine)]
+        if not ips:
+            return None
+        return f"{len(ips)} in Ray actors, node{'s' if len(set(ips)) > 1 else ''} " + ", ".join(
+            sorted(set(ips))
+        )
 
     async def start_engine(self, config: VLLMEngineConfig, tasks: asyncio.TaskGroup) -> Engine:
         from rstar2.rollout.ray_engine import RayEngine
@@ -146,7 +169,10 @@ class RayPlacement:
         d = engine_demand(self.cfg)
         if self.cfg.cluster.colocate:
             return await self._start_colocated_engine(config, tasks, d.cpus)
-        return await RayEngine.create(config, tasks, num_cpus=d.cpus, num_gpus=d.gpus)
+        role = {"rollout": float(max(1, d.gpus))} if "rollout" in self._roles else None
+        return await RayEngine.create(
+            config, tasks, num_cpus=d.cpus, num_gpus=d.gpus, resources=role
+        )
 
     async def _start_colocated_engine(
         self, config: VLLMEngineConfig, tasks: asyncio.TaskGroup, cpus: float
@@ -160,7 +186,16 @@ class RayPlacement:
             raise RuntimeError("colocated engines start after the learner")
         tp = config.rollout.tensor_parallel_size
         first, self._engines_started = self._engines_started * tp, self._engines_started + 1
-        gpus = ",".join(self._learner.visible_gpus()[first : first + tp])
+        ranks = (await self._learner.gpus())[first : first + tp]
+        nodes = {node for node, _ in ranks}
+        if len(nodes) > 1:  # a tensor-parallel engine runs on one node
+            raise ConfigError(
+                "cluster.colocate",
+                f"learner ranks {first}..{first + tp - 1}, which engine {first // tp} of "
+                f"tensor-parallel size {tp} would share, were placed on {len(nodes)} nodes: "
+                "give every node a multiple of rollout.tensor_parallel_size GPUs",
+            )
+        gpus = ",".join(gpu for _, gpu in ranks)
         rocm = self.cfg.cluster.accelerator == "rocm"
         visible = "HIP_VISIBLE_DEVICES" if rocm else "CUDA_VISIBLE_DEVICES"
         noset = "RAY_EXPERIMENTAL_NOSET_" + visible
@@ -189,7 +224,10 @@ class RayPlacement:
             learner = RayLearner.create(settings, num_cpus=demand.cpus, share_gpus_with=engine_cpus)
             self._learner, self._engines_started = learner, 0
             return learner
-        return RayLearner.create(settings, num_cpus=demand.cpus, num_gpus=demand.gpus)
+        role = {"learner": 1.0} if "learner" in self._roles else None
+        return RayLearner.create(
+            settings, num_cpus=demand.cpus, num_gpus=demand.gpus, resources=role
+        )
 
     def weight_sync(
         self, learner: Learner, engines: Sequence[Engine], bucket_bytes: int
@@ -210,7 +248,8 @@ class RayPlacement:
         from rstar2.sync.vllm_native import IpcSync, NcclSync
 
         if transfer == "ipc":
-            return IpcSync(learner, ray_engines, bucket_bytes)
+            offload = getattr(self.cfg.learner, "offload_while_generating", False)
+            return IpcSync(learner, ray_engines, bucket_bytes, offload_learner=offload)
         return NcclSync(learner, ray_engines, bucket_bytes)
 
 

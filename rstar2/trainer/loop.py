@@ -149,6 +149,9 @@ class Trainer:
         spec = services_spec(self.cfg, self.policy_path)
         async with self.runtime.services(spec, self.learner) as services:
             self.source.services = services
+            where = self.runtime.placement.describe_engines(services.engines)
+            if where:
+                self._say(f"engines: {where}")
             try:
                 if self.learner.step > 0:  # resumed: engines start from the checkpoint
                     await services.weights.sync()

@@ -49,6 +49,12 @@ def check_placement_supported(cfg: Config) -> None:
             "behaviour policy must be the engine's (the weights that sampled them), not the "
             "learner's current weights",
         )
+    if getattr(cfg.learner, "offload_while_generating", False) and not c.colocate:
+        raise ConfigError(
+            "learner.offload_while_generating",
+            "the learner offloads to make room for colocated engines: it needs "
+            "cluster.colocate: true",
+        )
     if c.colocate:
         if c.accelerator == "cpu":
             raise ConfigError(
@@ -58,13 +64,6 @@ def check_placement_supported(cfg: Config) -> None:
             )
         if not c.ray:
             raise ConfigError("cluster.colocate", "colocated placement needs cluster.ray: true")
-        if cfg.learner.num_ranks > 1:
-            raise ConfigError(
-                "cluster.colocate",
-                "colocated placement takes one learner rank for now: the CUDA-IPC transfer from "
-                "several ranks needs every rank to hold each bucket in step, which the learners' "
-                "weight export does not do yet (use the split placement)",
-            )
         r = cfg.rollout
         if r.num_engines * r.tensor_parallel_size != cfg.learner.num_ranks:
             raise ConfigError(

@@ -5,7 +5,8 @@
 Every rank is given the whole of tests.helpers.learner_data.random_batch(8, seed=1) and trains on
 its half:
 two steps, a sharded checkpoint after the first, then a fresh learner loads it and repeats the
-second step. Rank 0 writes both runs' final weights to OUT_DIR.
+second step. Rank 0 writes both runs' final weights to OUT_DIR; every rank writes what it would
+hand vLLM's IPC sender (``spread<rank>.pt``, see ``weights_on_this_rank``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from rstar2.config import OptimConfig, TorchLearnerConfig
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
-from tests.helpers.learner_data import full_weights, random_batch
+from tests.helpers.learner_data import full_weights, random_batch, weights_on_this_rank
 
 
 def main() -> None:
@@ -41,6 +42,7 @@ def main() -> None:
     resumed.load(out / "ckpt")
     again = resumed.train_step(batch)
     full_again = full_weights(resumed)
+    torch.save(weights_on_this_rank(resumed, 40_000), out / f"spread{rank}.pt")
     if rank == 0:
         torch.save({"weights": full, "metrics": second}, out / "run.pt")
         torch.save({"weights": full_again, "metrics": again}, out / "resumed.pt")

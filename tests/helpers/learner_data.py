@@ -33,3 +33,18 @@ def random_batch(n: int, seed: int, vocab: int = 200) -> list[TrainSequence]:
 def full_weights(learner: Any) -> dict[str, torch.Tensor]:
     """A learner's HF-named full weights (every rank must call; rank 0 gets them)."""
     return {n: t.clone() for bucket in learner.named_weights(1 << 20) for n, t in bucket}
+
+
+def weights_on_this_rank(learner: Any, bucket_bytes: int) -> dict[str, Any]:
+    """What vLLM's IPC sender is given on this rank of a learner group (every rank calls):
+    the learner's bucket count here, and every tensor ``learner_weights(everywhere=True)``
+    yields (on CPU), with rank 0's metadata handed to every rank as the Ray group does."""
+    import torch.distributed as dist
+
+    from rstar2.sync.native_sender import learner_weights, weight_metadata
+
+    box = [weight_metadata(learner, bucket_bytes)]
+    dist.broadcast_object_list(box, src=0)
+    source = learner_weights(learner, box[0], bucket_bytes, everywhere=True, device="cpu")
+    weights = {name: tensor.clone() for name, tensor in source}
+    return {"buckets": len(list(learner.named_weights(bucket_bytes))), "weights": weights}

@@ -12,6 +12,8 @@ weights.
 checkpoint: at TP=2, a step, a save, and the next step; a fresh TP=2 learner loads and takes the
 same next step; a PP=2 learner loads the same checkpoint, gives its log-probs and takes the step.
 checkpoint-dp: the same at DP=2 (see :func:`checkpoint_data_parallel`).
+spread: at PP=2, then TP=2, what each rank hands vLLM's IPC sender (``weights_on_this_rank``)
+and rank 0's full weights.
 Rank 0 writes the results to OUT.pt.
 """
 
@@ -30,7 +32,11 @@ from rstar2.algo.loss import LossSettings  # noqa: E402
 from rstar2.config import MegatronLearnerConfig, OptimConfig  # noqa: E402
 from rstar2.learner.megatron.convert import hf_tensors  # noqa: E402
 from rstar2.learner.megatron.learner import MegatronLearner, MegatronLearnerSettings  # noqa: E402
-from tests.helpers.learner_data import full_weights, random_batch  # noqa: E402
+from tests.helpers.learner_data import (  # noqa: E402
+    full_weights,
+    random_batch,
+    weights_on_this_rank,
+)
 from tests.helpers.megatron_params import (  # noqa: E402
     AGGREGATIONS,
     CHECKPOINT_OPTIM,
@@ -180,10 +186,27 @@ def checkpoint_data_parallel(model_dir: str, folder: str) -> dict[str, object]:
     return {"going_on": going_on, "resumed": resumed, "refused": refused}
 
 
+def spread(model_dir: str) -> dict[str, object]:
+    from megatron.core import parallel_state as ps
+
+    out: dict[str, object] = {}
+    for tp, pp in ((1, 2), (2, 1)):
+        learner = MegatronLearner(settings(model_dir, tp, pp, "token-mean"))
+        here = weights_on_this_rank(learner, 40_000)
+        every: list[object] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, here)
+        out[f"tp{tp}pp{pp}"] = {"ranks": every, "full": full_weights(learner)}
+        learner.close()
+        ps.destroy_model_parallel()
+    return out
+
+
 def main(argv: list[str]) -> None:
     mode, model_dir, out = argv[:3]
     if mode == "parity":
         results = parity(model_dir, int(argv[3]), int(argv[4]), argv[5:] == ["sp"])
+    elif mode == "spread":
+        results = spread(model_dir)
     elif mode == "checkpoint":
         results = checkpoint(model_dir, argv[3])
     else:

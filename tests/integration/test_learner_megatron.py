@@ -273,3 +273,17 @@ def test_a_plan_counts_every_parameter_once_per_stage(qwen3_14b_config: Path) ->
     assert plan.params_per_rank[0] - embedding == plan.params_per_rank[1] - embedding - 5120
     with pytest.raises(ConfigError, match=r"learner\.tensor_parallel_size"):
         plan_learner(section.model_copy(update={"tensor_parallel_size": 3}), hf, world_size=3)
+
+
+def test_every_rank_holds_each_bucket_in_step_for_colocated_ipc(models, tmp_path: Path) -> None:
+    """At PP=2 and at TP=2 both ranks get the same buckets and, broadcast from rank 0 bucket by
+    bucket, every full tensor (what each rank's vLLM IPC sender maps to its engine worker)."""
+    out = tmp_path / "spread.pt"
+    _torchrun(2, "spread", models["qwen3-tied"], out)
+    for layout, got in torch.load(out, weights_only=False).items():
+        first, second = got["ranks"]
+        assert first["buckets"] == second["buckets"] > 2, layout
+        for rank in (first, second):
+            assert list(rank["weights"]) == list(got["full"]), layout
+            for name, w in got["full"].items():
+                assert torch.equal(rank["weights"][name], w), (layout, name)

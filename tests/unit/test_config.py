@@ -178,7 +178,7 @@ def test_every_config_field_is_read_somewhere() -> None:
     import ast
 
     read: set[str] = set()
-    for package in ("rstar2", "sandbox_pool", "scheduler"):
+    for package in ("rstar2", "sandbox_pool", "scheduler", "launcher"):
         for path in (REPO / package).rglob("*.py"):
             if path == REPO / "rstar2" / "config.py":
                 continue
@@ -225,8 +225,15 @@ def test_train_refuses_what_this_build_cannot_run_as_configured() -> None:
     assert err.value.key == "rollout.max_staleness_steps"
     ahead = {"max_staleness_steps": 1}
     check_supported(cfg(rollout=ahead, algorithm={"recompute_old_logprobs": False}))
-    with pytest.raises(ConfigError, match="one learner rank for now") as err:
-        check_supported(cfg(cluster={"colocate": True, "ray": True}, learner={"num_ranks": 2}))
+    colocated = {"colocate": True, "ray": True}
+    with pytest.raises(ConfigError, match=r"must equal learner\.num_ranks") as err:
+        check_supported(cfg(cluster=colocated, learner={"num_ranks": 2}))  # 1 engine x TP 1
+    check_supported(cfg(cluster=colocated, learner={"num_ranks": 2}, rollout={"num_engines": 2}))
+    offload = {"offload_while_generating": True}
+    check_supported(cfg(cluster=colocated, learner=offload))
+    with pytest.raises(ConfigError, match=r"needs cluster\.colocate: true") as err:
+        check_supported(cfg(cluster={"ray": True}, learner=offload))
+    assert err.value.key == "learner.offload_while_generating"
     for key, config in cases.items():
         with pytest.raises(ConfigError) as err:
             check_supported(config)

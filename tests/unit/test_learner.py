@@ -189,6 +189,12 @@ def test_fsdp2_on_two_gloo_ranks_matches_one_process(model_dir: Path, tmp_path: 
     resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
     assert run["metrics"] == resumed["metrics"]
     assert all(torch.equal(run["weights"][k], resumed["weights"][k]) for k in run["weights"])
+    # colocated IPC: both ranks hold every tensor, bucket by bucket in step (one list per bucket)
+    spread = [torch.load(tmp_path / f"spread{r}.pt", weights_only=False) for r in (0, 1)]
+    assert spread[0]["buckets"] == spread[1]["buckets"] > 2
+    for got in spread:
+        assert list(got["weights"]) == list(resumed["weights"])
+        assert all(torch.equal(got["weights"][k], v) for k, v in resumed["weights"].items())
 
     single = _learner(model_dir, micro_batch_tokens=64)
     batch = random_batch(8, seed=1)

@@ -20,7 +20,8 @@ def hf_units(
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """One list per decoder layer (and per other module) of HF-named full tensors, in layer
     order, on global rank 0 (empty elsewhere): gathered over TP within each stage, then
-    sent to rank 0 by the stage's leader (TP rank 0 of data-parallel replica 0)."""
+    sent to rank 0 by the stage's leader (TP rank 0 of data-parallel replica 0). Every rank
+    yields one list per unit, after that unit's collectives (in step)."""
     from megatron.core import parallel_state as ps
 
     params = dict(gpt.named_parameters())
@@ -49,16 +50,15 @@ def hf_units(
                 else:
                     dist.recv_object_list(box, src=leader)
                     shards = box[0]
-            if rank != 0 or shards is None:
-                continue
             this = _unit_key(name, offset)
-            if unit and this != key:
+            if key is not None and this != key:  # every rank sees the same names: in step
                 yield unit
                 unit = []
             key = this
-            for hf_name, t in hf_tensors(name, shards, dims, offset):
-                unit.append((hf_name, t if dtype is None else t.to(dtype)))
-        if unit:
+            if rank == 0 and shards is not None:
+                for hf_name, t in hf_tensors(name, shards, dims, offset):
+                    unit.append((hf_name, t if dtype is None else t.to(dtype)))
+        if key is not None:
             yield unit
 
 

@@ -226,18 +226,18 @@ class MegatronLearner:
     def named_weights(
         self, bucket_bytes: int, dtype: torch.dtype | None = None
     ) -> Iterator[list[tuple[str, Any]]]:
-        """HF-named full tensors in buckets of whole decoder layers (every rank takes part;
-        rank 0 yields the tensors, the others empty buckets)."""
+        """HF-named full tensors in buckets of whole decoder layers (every rank takes part and
+        yields one list per bucket, in step; rank 0's hold the tensors, the others are empty)."""
         bucket: list[tuple[str, Any]] = []
         size = 0
         for unit in hf_units(self.model.module, self.shard, self.dims, self.dp_rank, dtype):
-            nbytes = sum(t.numel() * t.element_size() for _, t in unit)
-            if bucket and size + nbytes > bucket_bytes:
+            nbytes = _from_rank_0(sum(t.numel() * t.element_size() for _, t in unit))
+            if size and size + nbytes > bucket_bytes:
                 yield bucket
                 bucket, size = [], 0
             bucket.extend(unit)
             size += nbytes
-        if bucket or dist.get_rank() != 0:
+        if size:
             yield bucket
 
     def export_hf(self, folder: str | Path) -> None:
@@ -433,3 +433,12 @@ def _generation_config(model_path: str, hf_config: Any) -> Any:
         return GenerationConfig.from_pretrained(model_path)
     except OSError:
         return GenerationConfig.from_model_config(hf_config)
+
+
+def _from_rank_0(value: int) -> int:
+    """Rank 0's ``value`` on every rank (bucket sizes: only rank 0 holds the tensors)."""
+    if dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])

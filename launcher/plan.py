@@ -1,0 +1,181 @@
+"""What a Slurm job of a run asks for, decided from the run's config alone (no I/O).
+
+:func:`plan_job` checks the ``launch:`` section against the rest of the config (one
+:class:`~rstar2.config.ConfigError` naming the key, before anything is written or submitted)
+and returns a :class:`JobPlan`: one hetjob component per role that has nodes, in the order
+learner, rollout, sandbox, so every role's nodes are the node list Slurm gives its component
+(never a position in a sorted host list). :func:`port_block` is the job's port range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rstar2.config import Config, ConfigError
+from rstar2.config_launch import LaunchRoleConfig
+
+ROLES = ("learner", "rollout", "sandbox")
+
+# Ray and the sandbox listen on a block of ports chosen from the job id, below Linux's
+# ephemeral range (32768+), so two jobs sharing a node do not clash and no port is picked at
+# random by a process that a later one collides with.
+PORT_FIRST = 20000
+PORT_STRIDE = 200
+PORT_BLOCKS = 60  # 20000 .. 31999
+PORT_OFFSETS = {"ray_gcs": 0, "ray_client": 1, "redis": 2, "sandbox_http": 3}  # job-wide
+# every node's own Ray ports (`ray start` options), one set per node sharing a host: nodes of a
+# real cluster are slot 0; a test cluster's fake nodes on one machine take slots 0, 1, 2
+NODE_PORTS = (
+    "node-manager-port",
+    "object-manager-port",
+    "metrics-export-port",
+    "dashboard-agent-grpc-port",
+    "dashboard-agent-listen-port",
+    "runtime-env-agent-port",
+)
+NODE_PORTS_FIRST, WORKER_PORTS_FIRST, WORKER_PORTS_PER_NODE = 10, 50, 50
+MAX_NODES_PER_HOST = (PORT_STRIDE - WORKER_PORTS_FIRST) // WORKER_PORTS_PER_NODE
+
+
+@dataclass(frozen=True)
+class Component:
+    """One hetjob component: a role's nodes and its ``#SBATCH`` options."""
+
+    role: str
+    nodes: int
+    gpus_per_node: int
+    options: tuple[str, ...]  # "--partition=gpu", ... (without "#SBATCH ")
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    job_name: str
+    components: tuple[Component, ...]
+    accelerator: str
+    profile: str | None  # a file in launcher/profiles, without ".env"
+    container: str
+    image: str | None
+    container_mounts: tuple[str, ...]
+    requeue: bool
+    start_timeout_s: float
+
+    def component(self, role: str) -> Component | None:
+        return next((c for c in self.components if c.role == role), None)
+
+    def het_group(self, role: str) -> int | None:
+        """The role's hetjob component index (None: the role has no nodes)."""
+        roles = [c.role for c in self.components]
+        return roles.index(role) if role in roles else None
+
+
+def port_block(job_id: int) -> dict[str, int]:
+    """The job-wide ports of job ``job_id`` (the job script computes the same in shell)."""
+    first = PORT_FIRST + (job_id % PORT_BLOCKS) * PORT_STRIDE
+    return {name: first + offset for name, offset in PORT_OFFSETS.items()} | {"base": first}
+
+
+def node_ray_ports(base: int, slot: int) -> list[str]:
+    """``ray start`` port options of the node in ``slot`` of its host (0 on a real cluster)."""
+    if not 0 <= slot < MAX_NODES_PER_HOST:
+        raise ValueError(f"at most {MAX_NODES_PER_HOST} nodes of one job per host (slot {slot})")
+    first = base + NODE_PORTS_FIRST + slot * len(NODE_PORTS)
+    out = [f"--{name}={first + i}" for i, name in enumerate(NODE_PORTS)]
+    workers = base + WORKER_PORTS_FIRST + slot * WORKER_PORTS_PER_NODE
+    last = workers + WORKER_PORTS_PER_NODE - 1
+    return [*out, f"--min-worker-port={workers}", f"--max-worker-port={last}"]
+
+
+def plan_job(cfg: Config) -> JobPlan:
+    """The job ``cfg`` asks for; ConfigError (the key and why) for a launch it cannot run."""
+    launch = cfg.launch
+    roles = {role: getattr(launch, role) for role in ROLES}
+    if roles["learner"].nodes == 0:
+        raise ConfigError("launch.learner.nodes", "at least one node runs the learner (0 given)")
+    if roles["sandbox"].gpus_per_node:
+        raise ConfigError("launch.sandbox.gpus_per_node", "sandbox nodes are CPU nodes: use 0")
+    if roles["sandbox"].nodes and cfg.sandbox.mode == "embedded":
+        raise ConfigError(
+            "launch.sandbox.nodes",
+            "sandbox nodes serve sandbox.mode http or redis; with the embedded sandbox the tool "
+            "calls run in the trainer (set launch.sandbox.nodes: 0 or choose a mode)",
+        )
+    if launch.container != "none" and not launch.image:
+        raise ConfigError("launch.image", f"container {launch.container} needs an image")
+    _check_gpus(cfg, roles)
+    components = tuple(
+        Component(role, r.nodes, r.gpus_per_node, _options(r))
+        for role, r in roles.items()
+        if r.nodes
+    )
+    profile = {"rocm": "mi300x", "cuda": "nvidia", "cpu": None}[cfg.cluster.accelerator]
+    if launch.profile != "auto":
+        profile = None if launch.profile == "none" else launch.profile
+    return JobPlan(
+        job_name=launch.job_name or cfg.name,
+        components=components,
+        accelerator=cfg.cluster.accelerator,
+        profile=profile,
+        container=launch.container,
+        image=launch.image,
+        container_mounts=tuple(launch.container_mounts),
+        requeue=launch.requeue,
+        start_timeout_s=launch.start_timeout_s,
+    )
+
+
+def _check_gpus(cfg: Config, roles: dict[str, LaunchRoleConfig]) -> None:
+    """Each GPU role within a node's GPUs; GPUs enough for the learner ranks and engines."""
+    if cfg.cluster.accelerator == "cpu":
+        return  # CPU runs ask for no GPU (a CPU test cluster's fake GPUs may still be asked for)
+    per_node = cfg.cluster.gpus_per_node
+    for role in ("learner", "rollout"):
+        r = roles[role]
+        if r.nodes and r.gpus_per_node > per_node:
+            raise ConfigError(
+                f"launch.{role}.gpus_per_node",
+                f"{r.gpus_per_node} GPUs per node, but a node has {per_node} "
+                "(cluster.gpus_per_node)",
+            )
+        if r.nodes and r.gpus_per_node == 0:
+            raise ConfigError(f"launch.{role}.gpus_per_node", f"{role} nodes need GPUs (0 given)")
+    ranks = cfg.learner.num_ranks
+    tp = cfg.rollout.tensor_parallel_size
+    engine_gpus = 0 if cfg.cluster.colocate else cfg.rollout.num_engines * tp
+    learner, rollout = roles["learner"], roles["rollout"]
+    have = learner.nodes * learner.gpus_per_node
+    if rollout.nodes:
+        if rollout.nodes * rollout.gpus_per_node < engine_gpus:
+            raise ConfigError(
+                "launch.rollout.nodes",
+                f"{cfg.rollout.num_engines} engines of TP {tp} need {engine_gpus} GPUs; "
+                f"{rollout.nodes} x {rollout.gpus_per_node} given",
+            )
+        engine_gpus = 0
+    if have < ranks + engine_gpus:
+        what = f"{ranks} learner ranks" + (f" and {engine_gpus} engine GPUs" if engine_gpus else "")
+        raise ConfigError(
+            "launch.learner.nodes",
+            f"{what} need {ranks + engine_gpus} GPUs; {learner.nodes} x "
+            f"{learner.gpus_per_node} given",
+        )
+    engine_node = rollout if rollout.nodes else learner
+    if tp > engine_node.gpus_per_node:
+        raise ConfigError(
+            "rollout.tensor_parallel_size",
+            f"an engine of TP {tp} runs on one node, which has {engine_node.gpus_per_node} GPUs",
+        )
+
+
+def _options(role: LaunchRoleConfig) -> tuple[str, ...]:
+    out = [f"--nodes={role.nodes}", "--ntasks-per-node=1", "--exclusive"]
+    if role.gpus_per_node:
+        out.append(f"--gpus-per-node={role.gpus_per_node}")
+    for name in ("partition", "account", "qos", "time", "constraint"):
+        value = getattr(role, name)
+        if value:
+            out.append(f"--{name}={value}")
+    if role.exclude:
+        out.append(f"--exclude={','.join(role.exclude)}")
+    if role.nodelist:
+        out.append(f"--nodelist={','.join(role.nodelist)}")
+    return tuple(out)

@@ -1,0 +1,60 @@
+"""The job script of a :class:`~launcher.plan.JobPlan`, from ``launcher/templates`` (pure:
+the same plan and paths give the same bytes; nothing time- or host-dependent is rendered)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.plan import PORT_BLOCKS, PORT_FIRST, PORT_OFFSETS, PORT_STRIDE, JobPlan
+
+TEMPLATES = Path(__file__).parent / "templates"
+PROFILES = Path(__file__).parent / "profiles"
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    run_dir: str  # the training run's folder (rstar2 train --run-dir)
+    attempt_dir: str  # this rendering: job.sbatch, config.json, env.sh
+    log_dir: str
+    workdir: str  # where `python -m launcher...` and `-m rstar2.cli` import from
+    python: str  # the interpreter on the compute nodes
+
+
+def render_sbatch(plan: JobPlan, paths: JobPaths, sandbox_mode: str) -> str:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # a shell script: values are quoted with |q where they are paths
+    )
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    groups = ",".join(str(i) for i in range(len(plan.components)))
+    ports = {
+        "first": PORT_FIRST, "stride": PORT_STRIDE, "blocks": PORT_BLOCKS, "offsets": PORT_OFFSETS,
+    }  # fmt: skip
+    return env.get_template("slurm.sbatch.j2").render(
+        plan=plan,
+        run_dir=paths.run_dir,
+        attempt_dir=paths.attempt_dir,
+        log_dir=paths.log_dir,
+        workdir=paths.workdir,
+        python=shlex.quote(paths.python),
+        all_groups=groups,
+        ports=ports,
+        sandbox_mode=sandbox_mode,
+    )
+
+
+def render_env(plan: JobPlan) -> str:
+    """``env.sh``: the environment profile (if any), sourced on every node before each step."""
+    lines = ["# rstar2 job environment, sourced by job.sbatch (rendered by rstar2 launch)\n"]
+    if plan.profile:
+        lines.append(f"# profile: launcher/profiles/{plan.profile}.env\n")
+        lines.append((PROFILES / f"{plan.profile}.env").read_text())
+    return "".join(lines)

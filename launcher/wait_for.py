@@ -1,0 +1,117 @@
+"""Wait, with a deadline and without fixed sleeps' guesswork, until a job's services are up:
+
+    python -m launcher.wait_for --timeout-s 600 ray HEAD_IP:PORT --expect learner=gpu1,gpu2
+    python -m launcher.wait_for --timeout-s 120 http http://10.0.0.3:20009/healthz
+    python -m launcher.wait_for --timeout-s 120 redis redis://10.0.0.3:20008/0
+
+``ray``: every node named by ``--expect ROLE=NODE,...`` is alive in the cluster with its role's
+resource; past the deadline the error names the nodes still missing. Exit 0 when up, 1 not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+
+def missing_nodes(
+    expected: dict[str, list[str]], ips: dict[str, str], alive: list[dict[str, object]]
+) -> list[str]:
+    """``role:node`` for each expected node not alive with its role's resource (pure)."""
+    seen: set[tuple[str, str]] = set()
+    for node in alive:
+        resources = node.get("Resources") or {}
+        assert isinstance(resources, dict)
+        for role in expected:
+            if resources.get(role, 0) > 0:
+                seen.add((role, str(node.get("NodeManagerAddress"))))
+    return [
+        f"{role}:{name}"
+        for role, names in expected.items()
+        for name in names
+        if (role, ips[name]) not in seen
+    ]
+
+
+def _poll(ready: Callable[[], str | None], timeout_s: float, what: str) -> int:
+    """Call ``ready`` (None when up, else what is missing) until it is up or the deadline."""
+    end = time.monotonic() + timeout_s
+    delay = 0.2
+    while True:
+        try:
+            missing = ready()
+        except Exception as e:
+            missing = f"{type(e).__name__}: {e}"
+        if missing is None:
+            return 0
+        if time.monotonic() > end:
+            print(f"wait_for: {what} not up after {timeout_s:.0f} s: {missing}", file=sys.stderr)
+            return 1
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+
+
+def _ray(address: str, expect: list[str], timeout_s: float) -> int:
+    import ray
+
+    from launcher.nodes import node_ip
+
+    expected = {r: names.split(",") for r, names in (e.split("=", 1) for e in expect)}
+    ips = {name: node_ip(name) for names in expected.values() for name in names}
+    start = time.monotonic()
+    host, port = address.rsplit(":", 1)
+    if _poll(lambda: _tcp(host, int(port)), timeout_s, f"the Ray head at {address}"):
+        return 1  # ray.init would wait for a head that is not there far past the deadline
+    timeout_s -= time.monotonic() - start
+    ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+    try:
+        return _poll(
+            lambda: (
+                ", ".join(missing_nodes(expected, ips, [n for n in ray.nodes() if n["Alive"]]))
+                or None
+            ),
+            timeout_s,
+            f"Ray at {address}",
+        )
+    finally:
+        ray.shutdown()
+
+
+def _tcp(host: str, port: int) -> str | None:
+    import socket
+
+    with socket.create_connection((host, port), timeout=2):
+        return None
+
+
+def _http(url: str) -> str | None:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return None if resp.status == 200 else f"HTTP {resp.status}"
+
+
+def _redis(url: str) -> str | None:
+    import redis
+
+    return None if redis.Redis.from_url(url, socket_timeout=5).ping() else "no PONG"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.wait_for")
+    parser.add_argument("--timeout-s", type=float, required=True)
+    parser.add_argument("kind", choices=["ray", "http", "redis"])
+    parser.add_argument("target")
+    parser.add_argument("--expect", action="append", default=[], help="ROLE=NODE,NODE (ray)")
+    args = parser.parse_args(argv)
+    if args.kind == "ray":
+        return _ray(args.target, args.expect, args.timeout_s)
+    check = _http if args.kind == "http" else _redis
+    return _poll(lambda: check(args.target), args.timeout_s, args.target)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -30,15 +30,26 @@ def node_ip(node: str) -> str:
     return socket.gethostbyname(_node_fields(node).get("NodeAddr", node))
 
 
-def node_hostname(node: str) -> str:
-    """The host ``node`` runs on (several fake nodes of a test cluster share one)."""
-    return _node_fields(node).get("NodeHostName", node)
+def node_hostnames(nodes: list[str]) -> dict[str, str]:
+    """The host each node runs on (several fake nodes of a test cluster share one): one
+    ``scontrol`` call for all of them."""
+    out = subprocess.run(
+        ["scontrol", "show", "node", ",".join(nodes), "-o"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    hosts = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "NodeName" in fields:
+            hosts[fields["NodeName"]] = fields.get("NodeHostName", fields["NodeName"])
+    return {n: hosts.get(n, n) for n in nodes}
 
 
 def ray_gpu_env(env: Mapping[str, str], accelerator: str, gpus: int) -> dict[str, str]:
     """``env`` as Ray's node process needs it: on ROCm, Slurm's GPU variables become
-    ``HIP_VISIBLE_DEVICES`` (Ray must not set the actors' own; the launcher pins them);
-    on a node without GPUs, none is visible."""
+    ``HIP_VISIBLE_DEVICES`` (Ray then narrows it per actor to the GPUs it gives the actor;
+    colocated engines opt out per actor, see rstar2.runtime.placement); on a node without
+    GPUs, none is visible."""
     out = dict(env)
     if gpus == 0:
         for name in SLURM_GPU_VARS:
@@ -49,5 +60,5 @@ def ray_gpu_env(env: Mapping[str, str], accelerator: str, gpus: int) -> dict[str
         for name in SLURM_GPU_VARS:
             out.pop(name, None)
         out["HIP_VISIBLE_DEVICES"] = visible or ",".join(str(i) for i in range(gpus))
-        out["RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES"] = "1"
+        out.pop("RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES", None)
     return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from rstar2.config import Config, ConfigError
 from rstar2.config_launch import LaunchRoleConfig
+from rstar2.trainer.wiring import check_placement_supported
 
 ROLES = ("learner", "rollout", "sandbox")
 
@@ -20,8 +21,8 @@ ROLES = ("learner", "rollout", "sandbox")
 # ephemeral range (32768+), so two jobs sharing a node do not clash and no port is picked at
 # random by a process that a later one collides with.
 PORT_FIRST = 20000
-PORT_STRIDE = 200
-PORT_BLOCKS = 60  # 20000 .. 31999
+PORT_STRIDE = 400
+PORT_BLOCKS = 30  # 20000 .. 31999
 PORT_OFFSETS = {"ray_gcs": 0, "ray_client": 1, "redis": 2, "sandbox_http": 3}  # job-wide
 # every node's own Ray ports (`ray start` options), one set per node sharing a host: nodes of a
 # real cluster are slot 0; a test cluster's fake nodes on one machine take slots 0, 1, 2
@@ -33,8 +34,10 @@ NODE_PORTS = (
     "dashboard-agent-listen-port",
     "runtime-env-agent-port",
 )
-NODE_PORTS_FIRST, WORKER_PORTS_FIRST, WORKER_PORTS_PER_NODE = 10, 50, 50
-MAX_NODES_PER_HOST = (PORT_STRIDE - WORKER_PORTS_FIRST) // WORKER_PORTS_PER_NODE
+# worker ports: the block's rest, shared by the nodes of a host (a 192-core node prestarts a
+# worker per core, each holding a port)
+NODE_PORTS_FIRST, WORKER_PORTS_FIRST = 10, 64
+MAX_NODES_PER_HOST = (WORKER_PORTS_FIRST - NODE_PORTS_FIRST) // len(NODE_PORTS)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class JobPlan:
     container_mounts: tuple[str, ...]
     requeue: bool
     start_timeout_s: float
+    learner_backend: str = "torch"
 
     def component(self, role: str) -> Component | None:
         return next((c for c in self.components if c.role == role), None)
@@ -74,15 +78,16 @@ def port_block(job_id: int) -> dict[str, int]:
     return {name: first + offset for name, offset in PORT_OFFSETS.items()} | {"base": first}
 
 
-def node_ray_ports(base: int, slot: int) -> list[str]:
-    """``ray start`` port options of the node in ``slot`` of its host (0 on a real cluster)."""
-    if not 0 <= slot < MAX_NODES_PER_HOST:
+def node_ray_ports(base: int, slot: int, slots: int = 1) -> list[str]:
+    """``ray start`` port options of the node in ``slot`` of the ``slots`` job nodes on its host
+    (one on a real cluster: the whole worker range is its own)."""
+    if not 0 <= slot < slots <= MAX_NODES_PER_HOST:
         raise ValueError(f"at most {MAX_NODES_PER_HOST} nodes of one job per host (slot {slot})")
     first = base + NODE_PORTS_FIRST + slot * len(NODE_PORTS)
     out = [f"--{name}={first + i}" for i, name in enumerate(NODE_PORTS)]
-    workers = base + WORKER_PORTS_FIRST + slot * WORKER_PORTS_PER_NODE
-    last = workers + WORKER_PORTS_PER_NODE - 1
-    return [*out, f"--min-worker-port={workers}", f"--max-worker-port={last}"]
+    width = (PORT_STRIDE - WORKER_PORTS_FIRST) // slots
+    workers = base + WORKER_PORTS_FIRST + slot * width
+    return [*out, f"--min-worker-port={workers}", f"--max-worker-port={workers + width - 1}"]
 
 
 def plan_job(cfg: Config) -> JobPlan:
@@ -99,9 +104,18 @@ def plan_job(cfg: Config) -> JobPlan:
             "sandbox nodes serve sandbox.mode http or redis; with the embedded sandbox the tool "
             "calls run in the trainer (set launch.sandbox.nodes: 0 or choose a mode)",
         )
+    if roles["sandbox"].nodes and cfg.sandbox.mode == "redis":
+        raise ConfigError(
+            "sandbox.mode",
+            "launched sandbox nodes serve the trainer over HTTP (behind it, a Redis queue with "
+            "the job's password when there are several): use sandbox.mode http",
+        )
     if launch.container != "none" and not launch.image:
         raise ConfigError("launch.image", f"container {launch.container} needs an image")
     _check_gpus(cfg, roles)
+    # what the driver (in the job's Ray cluster) would refuse only after the queue wait
+    in_ray = cfg.cluster.model_copy(update={"ray": True})
+    check_placement_supported(cfg.model_copy(update={"cluster": in_ray}))
     components = tuple(
         Component(role, r.nodes, r.gpus_per_node, _options(r))
         for role, r in roles.items()
@@ -120,6 +134,7 @@ def plan_job(cfg: Config) -> JobPlan:
         container_mounts=tuple(launch.container_mounts),
         requeue=launch.requeue,
         start_timeout_s=launch.start_timeout_s,
+        learner_backend=cfg.learner.backend,
     )
 
 
@@ -158,11 +173,22 @@ def _check_gpus(cfg: Config, roles: dict[str, LaunchRoleConfig]) -> None:
             f"{what} need {ranks + engine_gpus} GPUs; {learner.nodes} x "
             f"{learner.gpus_per_node} given",
         )
+    if cfg.cluster.colocate and rollout.nodes:
+        raise ConfigError(
+            "launch.rollout.nodes",
+            "colocated engines run on the learner nodes' GPUs: use 0 rollout nodes",
+        )
     engine_node = rollout if rollout.nodes else learner
     if tp > engine_node.gpus_per_node:
         raise ConfigError(
             "rollout.tensor_parallel_size",
             f"an engine of TP {tp} runs on one node, which has {engine_node.gpus_per_node} GPUs",
+        )
+    if rollout.nodes and rollout.nodes * (rollout.gpus_per_node // tp) < cfg.rollout.num_engines:
+        raise ConfigError(
+            "launch.rollout.nodes",
+            f"{cfg.rollout.num_engines} engines of TP {tp} do not fit on {rollout.nodes} nodes of "
+            f"{rollout.gpus_per_node} GPUs (an engine never spans two nodes)",
         )
 
 

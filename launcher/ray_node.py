@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from launcher.nodes import node_hostname, node_ip, ray_gpu_env, this_node
+from launcher.nodes import node_hostnames, node_ip, ray_gpu_env, this_node
 from launcher.plan import PORT_OFFSETS, node_ray_ports
 
 
@@ -35,14 +35,14 @@ def temp_dir(job_id: str, node: str) -> str:
     return f"/tmp/rstar2-ray-{job_id}-{node}"
 
 
-def host_slot(node: str, job_nodes: list[str], hosts: dict[str, str]) -> int:
-    """How many of the job's nodes before ``node`` share its host (pure)."""
-    earlier = job_nodes[: job_nodes.index(node)]
-    return sum(1 for n in earlier if hosts[n] == hosts[node])
+def host_slot(node: str, job_nodes: list[str], hosts: dict[str, str]) -> tuple[int, int]:
+    """(how many of the job's nodes before ``node`` share its host, how many do in all)."""
+    same = [n for n in job_nodes if hosts[n] == hosts[node]]
+    return same.index(node), len(same)
 
 
 def start_command(
-    args: argparse.Namespace, node: str, ip: str, head_ip: str, tmp: str, slot: int
+    args: argparse.Namespace, node: str, ip: str, head_ip: str, tmp: str, slot: tuple[int, int]
 ) -> list[str]:
     """The ``ray start --block`` command for this node (pure)."""
     gcs = args.port_base + PORT_OFFSETS["ray_gcs"]
@@ -56,7 +56,7 @@ def start_command(
         cmd += ["--include-dashboard=false"]
     else:
         cmd += [f"--address={head_ip}:{gcs}"]
-    return cmd + node_ray_ports(args.port_base, slot)
+    return cmd + node_ray_ports(args.port_base, *slot)
 
 
 def _wait_for_port(host: str, port: int, deadline_s: float) -> None:
@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     node = this_node()
     job_nodes = args.job_nodes.split(",")
     ip, head_ip = node_ip(node), node_ip(args.head)
-    slot = host_slot(node, job_nodes, {n: node_hostname(n) for n in job_nodes})
+    slot = host_slot(node, job_nodes, node_hostnames(job_nodes))
     tmp = temp_dir(os.environ.get("SLURM_JOB_ID", "0"), node)
     cmd = start_command(args, node, ip, head_ip, tmp, slot)
     if node != args.head:

@@ -22,7 +22,7 @@ class JobPaths:
     python: str  # the interpreter on the compute nodes
 
 
-def render_sbatch(plan: JobPlan, paths: JobPaths, sandbox_mode: str) -> str:
+def render_sbatch(plan: JobPlan, paths: JobPaths) -> str:
     import jinja2
 
     env = jinja2.Environment(
@@ -47,13 +47,19 @@ def render_sbatch(plan: JobPlan, paths: JobPaths, sandbox_mode: str) -> str:
         python=shlex.quote(paths.python),
         all_groups=groups,
         ports=ports,
-        sandbox_mode=sandbox_mode,
     )
 
 
 def render_env(plan: JobPlan) -> str:
     """``env.sh``: the environment profile (if any), sourced on every node before each step."""
     lines = ["# rstar2 job environment, sourced by job.sbatch (rendered by rstar2 launch)\n"]
+    if plan.profile == "nvidia" and plan.learner_backend != "megatron":
+        lines.append(
+            "# torch backend: CUDA's default 8 queues; one (the profile's value, for megatron's\n"
+            "# TP overlap) serialises FSDP2's prefetch and compute streams (source: verl PR\n"
+            "# #6976, https://github.com/verl-project/verl/pull/6976; the profile's note)\n"
+            "export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-8}\n"
+        )
     if plan.profile:
         lines.append(f"# profile: launcher/profiles/{plan.profile}.env\n")
         lines.append((PROFILES / f"{plan.profile}.env").read_text())

@@ -1,12 +1,16 @@
-"""The sandbox node of a launched job: Redis and the sandbox service, in the foreground.
+"""The sandbox nodes of a launched job (the job script runs this on every one of them):
 
-    python -m launcher.sandbox_node --host IP --redis-port P --http-port P --mode http|redis
+    python -m launcher.sandbox_node --first NODE --first-ip IP --redis-port P --http-port P \\
+        --data-dir DIR
 
-``http``: ``sandbox-pool serve`` on ``IP:HTTP_PORT`` (code-judge compatible); ``redis``: a Redis
-on ``IP:REDIS_PORT`` plus ``sandbox-pool worker`` processes serving its queue (and ``serve``
-in front of it, so both kinds of client reach it). Redis keeps its data in an append-only file
-under the job's log folder (queued calls survive a Redis restart). When one process exits, the
-others are stopped and the step exits non-zero: the job script then fails the job.
+One sandbox node: ``sandbox-pool serve`` on ``IP:HTTP_PORT`` (code-judge compatible). Several:
+the first runs a Redis (password: the job's token, from a mode-600 config file under
+``--data-dir``, append-only data there too, so queued calls survive a Redis restart) and
+``serve --redis`` in front of it (also working the queue); every other node runs
+``sandbox-pool worker`` on it. The
+Redis URL with its password reaches the processes through ``REDIS_URI`` (never argv, which other
+users can read). ``serve`` takes the job's bearer token from ``SANDBOX_POOL_TOKEN``. When one
+process exits, the others are stopped and the step exits non-zero: the job then fails.
 """
 
 from __future__ import annotations
@@ -19,30 +23,44 @@ import sys
 import time
 from collections.abc import Sequence
 
+from launcher.nodes import this_node
 
-def commands(args: argparse.Namespace) -> list[list[str]]:
-    """The processes this node runs (pure)."""
+
+def commands(args: argparse.Namespace, node: str, token: str) -> tuple[list[list[str]], str]:
+    """The processes this node runs, and the ``REDIS_URI`` they get ("" without Redis)."""
     exe = [sys.executable, "-m", "sandbox_pool.cli"]
-    redis_url = f"redis://{args.host}:{args.redis_port}/0"
-    serve = [*exe, "serve", "--host", args.host, "--port", str(args.http_port)]
-    if args.mode == "http":
-        return [serve]
+    serve = [*exe, "serve", "--host", args.first_ip, "--port", str(args.http_port)]
+    if args.nodes == 1:
+        return [serve], ""
+    uri = f"redis://:{token}@{args.first_ip}:{args.redis_port}/0"
+    worker = [*exe, "worker"]  # the queue from REDIS_URI
+    if node != args.first:
+        return [worker], uri
     data = os.path.join(args.data_dir, "redis")
     os.makedirs(data, exist_ok=True)
-    redis = ["redis-server", "--bind", args.host, "--port", str(args.redis_port), "--dir", data]
-    redis += ["--appendonly", "yes", "--save", "", "--protected-mode", "no"]
-    return [redis, [*exe, "worker", "--redis", redis_url], [*serve, "--redis", redis_url]]
+    conf = os.path.join(data, "redis.conf")
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"bind {args.first_ip}\nport {args.redis_port}\ndir {data}\nrequirepass {token}\n")
+        f.write('appendonly yes\nsave ""\nrename-command CONFIG ""\n')
+    return [["redis-server", conf], serve], uri  # serve --redis (from REDIS_URI) also works
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.sandbox_node")
-    parser.add_argument("--host", required=True)
+    parser.add_argument("--first", required=True, help="the first sandbox node's Slurm name")
+    parser.add_argument("--first-ip", required=True)
+    parser.add_argument("--nodes", type=int, default=1, help="sandbox nodes in the job")
     parser.add_argument("--redis-port", type=int, required=True)
     parser.add_argument("--http-port", type=int, required=True)
-    parser.add_argument("--mode", choices=["http", "redis"], default="http")
-    parser.add_argument("--data-dir", default=os.environ.get("LOG_DIR", "."))
+    parser.add_argument("--data-dir", required=True, help="Redis's files go here")
     args = parser.parse_args(argv)
-    procs = [subprocess.Popen(cmd) for cmd in commands(args)]
+    token = os.environ.get("SANDBOX_POOL_TOKEN", "")
+    cmds, uri = commands(args, this_node(), token)
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URI"}
+    if uri:
+        env["REDIS_URI"] = uri
+    procs = [subprocess.Popen(cmd, env=env) for cmd in cmds]
 
     def stop(signum: int, frame: object) -> None:
         for p in procs:

@@ -30,6 +30,7 @@ class Attempt:
     script: Path
     command: list[str]
     job_id: str | None
+    resumes: bool = False  # the run folder already holds a run: the job resumes it
 
 
 def job_config(cfg: Config, plan: JobPlan) -> Config:
@@ -63,7 +64,7 @@ def prepare(cfg: Config, *, workdir: Path | None = None, python: str | None = No
     files = {
         "config.json": json.dumps(job_config(cfg, plan).model_dump(mode="json"), indent=2) + "\n",
         "env.sh": render_env(plan),
-        "job.sbatch": render_sbatch(plan, paths, cfg.sandbox.mode),
+        "job.sbatch": render_sbatch(plan, paths),
         "canary": f"{folder}\n",  # every node must read it (the shared file system)
     }
     folder.mkdir(parents=True)
@@ -71,7 +72,8 @@ def prepare(cfg: Config, *, workdir: Path | None = None, python: str | None = No
     for name, text in files.items():
         (folder / name).write_text(text)
     script = folder / "job.sbatch"
-    return Attempt(folder, script, ["sbatch", "--parsable", str(script)], None)
+    resumes = (run_dir / "config.json").is_file()
+    return Attempt(folder, script, ["sbatch", "--parsable", str(script)], None, resumes)
 
 
 def submit(attempt: Attempt) -> Attempt:
@@ -86,4 +88,4 @@ def submit(attempt: Attempt) -> Attempt:
     latest = attempt.folder.parent / "latest"
     latest.unlink(missing_ok=True)
     latest.symlink_to(attempt.folder.name)
-    return Attempt(attempt.folder, attempt.script, attempt.command, job_id)
+    return Attempt(attempt.folder, attempt.script, attempt.command, job_id, attempt.resumes)

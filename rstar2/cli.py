@@ -359,6 +359,11 @@ def _cmd_launch_slurm(args: argparse.Namespace) -> int:
 
     attempt = prepare(load_config(args.config, args.overrides))  # ConfigError: nothing written
     print(f"job script: {attempt.script}")
+    if attempt.resumes:
+        print(
+            f"note: {attempt.folder.parent} already holds a run: the job resumes it with that "
+            "run's own config.json (this config only places the job)"
+        )
     if args.dry_run:
         print(shlex.join(attempt.command))
         return 0

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -26,7 +27,8 @@ _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 @dataclass(frozen=True, kw_only=True)
 class ClientConfig:
-    token: str | None = None
+    # the server's bearer token; default: SANDBOX_POOL_TOKEN, as `sandbox-pool serve` reads it
+    token: str | None = field(default_factory=lambda: os.environ.get("SANDBOX_POOL_TOKEN") or None)
     max_connections: int = 64
     max_retries: int = 6
     backoff_s: float = 0.05  # first retry delay; doubles each time, capped at 2 s

@@ -219,12 +219,14 @@ class RayPlacement:
         from rstar2.trainer.ray_resources import engine_demand, learner_demand
 
         demand = learner_demand(self.cfg)
+        role = {"learner": 1.0} if "learner" in self._roles else None
         if self.cfg.cluster.colocate:
             engine_cpus = engine_demand(self.cfg).cpus
-            learner = RayLearner.create(settings, num_cpus=demand.cpus, share_gpus_with=engine_cpus)
+            learner = RayLearner.create(
+                settings, num_cpus=demand.cpus, share_gpus_with=engine_cpus, resources=role
+            )
             self._learner, self._engines_started = learner, 0
             return learner
-        role = {"learner": 1.0} if "learner" in self._roles else None
         return RayLearner.create(
             settings, num_cpus=demand.cpus, num_gpus=demand.gpus, resources=role
         )

@@ -58,7 +58,7 @@ CASES = {
 def _render(name: str) -> str:
     path, overrides = CASES[name]
     cfg = load_config(path, overrides)
-    return render_sbatch(plan_job(cfg), PATHS, cfg.sandbox.mode)
+    return render_sbatch(plan_job(cfg), PATHS)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -98,17 +98,24 @@ def test_the_scripts_port_arithmetic_is_the_plans() -> None:
         ports = port_block(job_id)
         want = [ports["base"], ports["ray_gcs"], ports["redis"], ports["sandbox_http"]]
         assert [int(x) for x in out] == want
-        # every node's ports, for as many fake nodes as one host may hold, stay in the block
-        # and below Linux's ephemeral range, and never collide
-        taken = set(want)
-        for slot in range(MAX_NODES_PER_HOST):
-            for option in node_ray_ports(ports["base"], slot):
-                port = int(option.split("=")[1])
-                assert ports["base"] <= port < ports["base"] + PORT_STRIDE < 32768
-                assert port not in taken or option.startswith("--max-worker-port")
-                taken.add(port)
-    with pytest.raises(ValueError, match="at most 3 nodes"):
-        node_ray_ports(20000, MAX_NODES_PER_HOST)
+        # every node's ports, for one node per host (a real cluster) and for as many fake nodes
+        # as one host may hold, stay in the block, below Linux's ephemeral range, and apart
+        for slots in (1, 3, MAX_NODES_PER_HOST):
+            taken = set(want)
+            for slot in range(slots):
+                options = dict(o.split("=") for o in node_ray_ports(ports["base"], slot, slots))
+                low, high = (
+                    int(options.pop("--min-worker-port")),
+                    int(options.pop("--max-worker-port")),
+                )
+                mine = {int(v) for v in options.values()} | set(range(low, high + 1))
+                assert all(ports["base"] <= x < ports["base"] + PORT_STRIDE < 32768 for x in mine)
+                assert not mine & taken
+                taken |= mine
+            if slots == 1:
+                assert high - low + 1 >= 300  # a many-core node prestarts a worker per core
+    with pytest.raises(ValueError, match="at most 9 nodes"):
+        node_ray_ports(20000, MAX_NODES_PER_HOST, MAX_NODES_PER_HOST + 1)
 
 
 def test_the_mi300x_profile_gives_every_setting_a_reason_and_a_source() -> None:
@@ -131,6 +138,16 @@ def test_the_mi300x_profile_gives_every_setting_a_reason_and_a_source() -> None:
         (["launch.learner.time=tomorrow"], "launch.learner.time", "not a Slurm time"),
         (["launch.sandbox.nodes=1", "sandbox.mode=embedded"], "launch.sandbox.nodes", "embedded"),
         (["launch.container=pyxis"], "launch.image", "needs an image"),
+        (
+            ["launch.sandbox.nodes=1", "sandbox.mode=redis", "sandbox.redis_url=redis://x:1/0"],
+            "sandbox.mode",
+            "use sandbox.mode http",
+        ),
+        (
+            ["cluster.colocate=true", "cluster.ray=true", "learner.num_ranks=2"],
+            "cluster.colocate",
+            "must equal learner.num_ranks",
+        ),
         (
             ["learner.num_ranks=64"],
             "launch.learner.nodes",
@@ -180,7 +197,7 @@ def test_ray_sees_hip_devices_only_on_rocm_and_no_gpu_on_cpu_nodes() -> None:
     }
     rocm = ray_gpu_env(slurm, "rocm", 2)
     assert rocm["HIP_VISIBLE_DEVICES"] == "0,1"
-    assert rocm["RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES"] == "1"
+    assert "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES" not in rocm  # Ray narrows it per actor
     assert not {"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"} & set(rocm)
     assert ray_gpu_env(slurm, "cuda", 2)["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert "CUDA_VISIBLE_DEVICES" not in ray_gpu_env(slurm, "cuda", 0)  # a hetjob's leak

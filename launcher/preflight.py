@@ -1,12 +1,17 @@
 """Preflight of one node of a launched job (the job script runs it on every node at once):
 
-    python -m launcher.preflight --out DIR --canary FILE --ports FIRST COUNT [--gpus N]
+    python -m launcher.preflight --out DIR --canary FILE --ports FIRST COUNT [--gpus N] \\
+        [--accelerator {cpu,cuda,rocm}]
 
 Writes ``DIR/<node>.json``: ``{"node", "ok", "errors": [...], "warnings": [...], "facts": {...}}``
 and exits 1 when a check failed. Failures: Ray or vLLM processes of this user still running
 (a previous job's), the shared-file-system canary the batch step wrote not readable here, fewer
-GPUs visible than asked for, a port of the job's block taken. Warnings (host settings a job
-cannot change): files of this user left in /dev/shm, NUMA balancing on.
+GPUs visible than asked for, a port of the job's block taken. Warnings: files of this user left
+in /dev/shm, and host settings a job cannot change: NUMA balancing on; on ``rocm`` nodes only,
+also CPU idle states deeper than C1 enabled and an active IOMMU not in pass-through mode (AMD's
+MI300X system optimization guide advises against both; NVIDIA's guides differ, so ``cpu`` and
+``cuda`` nodes are not checked for them). The host checks read files under a root folder, so
+tests give them a fake /sys and /proc.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from launcher.nodes import node_ip, this_node
+from launcher.nodes import node_info, this_node
 
+ACCELERATORS = ("cpu", "cuda", "rocm")
 STALE = ("raylet", "gcs_server", "ray::", "VLLM::", "vllm.entrypoints", "vllm serve")
 
 
@@ -92,16 +98,76 @@ def check(args: argparse.Namespace) -> dict[str, object]:
     shm = [p.name for p in Path("/dev/shm").iterdir() if _owned(p, uid)]
     if shm:
         warnings.append(f"{len(shm)} files of this user in /dev/shm: {shm[:5]}")
-    numa = Path("/proc/sys/kernel/numa_balancing")
-    if numa.exists() and numa.read_text().strip() != "0":
-        warnings.append("NUMA balancing is on (sysctl kernel.numa_balancing=0 is advised)")
+    warnings += host_warnings(args.accelerator)
     return {"node": this_node(), "ok": not errors, "errors": errors, "warnings": warnings,
             "facts": facts}  # fmt: skip
 
 
+# Host settings: pure functions of the files under ``root``, each the warning or None. The
+# advice is AMD's "AMD Instinct MI300X system optimization" guide,
+# https://rocm.docs.amd.com/en/latest/how-to/system-optimization/mi300x.html
+
+
+def host_warnings(accelerator: str, root: Path = Path("/")) -> list[str]:
+    """The host settings' warnings for a node of ``accelerator`` (cpu, cuda, rocm)."""
+    checks = [numa_balancing_warning]
+    if accelerator == "rocm":  # AMD's advice; NVIDIA's guides differ
+        checks += [cpu_idle_warning, iommu_warning]
+    return [w for w in (c(root) for c in checks) if w]
+
+
+def numa_balancing_warning(root: Path = Path("/")) -> str | None:
+    # AMD's guide: automatic NUMA balancing (page-fault sampling, page moves) can slow GPU
+    # workloads; it advises turning it off
+    numa = root / "proc/sys/kernel/numa_balancing"
+    if numa.exists() and numa.read_text().strip() != "0":
+        return "NUMA balancing is on (sysctl kernel.numa_balancing=0 is advised)"
+    return None
+
+
+def cpu_idle_warning(root: Path = Path("/")) -> str | None:
+    """CPU idle states deeper than C1 (cpuidle state2 and up) enabled on any CPU, by name."""
+    # AMD's guide: waking a CPU from a deep C-state delays the host threads that feed the GPUs;
+    # it advises disabling them (`cpupower idle-set -d 2`)
+    cpus: dict[tuple[int, str], int] = {}  # (state index, name): CPUs it is enabled on
+    for state in root.glob("sys/devices/system/cpu/cpu[0-9]*/cpuidle/state[0-9]*"):
+        index = int(state.name.removeprefix("state"))
+        if index < 2 or _read(state / "disable") != "0":
+            continue
+        key = (index, _read(state / "name") or state.name)
+        cpus[key] = cpus.get(key, 0) + 1
+    if not cpus:
+        return None
+    states = ", ".join(f"{name} (state{i}) on {n} CPUs" for (i, name), n in sorted(cpus.items()))
+    fix = "; ".join(f"cpupower idle-set -d {i}" for i in sorted({i for i, _ in cpus}))
+    return f"deep CPU idle states enabled: {states} ({fix} is advised)"
+
+
+def iommu_warning(root: Path = Path("/")) -> str | None:
+    """An IOMMU active (``/sys/class/iommu`` not empty) without ``iommu=pt`` on the kernel
+    command line."""
+    # AMD's guide advises `iommu=pt` on the kernel command line: in pass-through mode the
+    # devices' DMA (GPUs, NICs) skips the IOMMU's address translation
+    iommu = root / "sys/class/iommu"
+    if not iommu.is_dir() or not any(iommu.iterdir()):
+        return None
+    cmdline = _read(root / "proc/cmdline")
+    if cmdline is None or "iommu=pt" in cmdline.split():
+        return None
+    return "the IOMMU is not in pass-through mode (iommu=pt on the kernel command line is advised)"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
 def _own_address() -> str:
     try:
-        return node_ip(this_node())
+        node = this_node()
+        return node_info([node])[node].ip
     except (OSError, subprocess.CalledProcessError):  # not under Slurm
         return "0.0.0.0"
 
@@ -120,6 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ports", nargs=2, type=int, metavar=("FIRST", "COUNT"))
     parser.add_argument("--host", default=None, help="address the job's ports bind to")
     parser.add_argument("--gpus", type=int, default=None, help="default: Slurm's allocation")
+    parser.add_argument(
+        "--accelerator", choices=ACCELERATORS, default="cpu", help="rocm adds AMD's host checks"
+    )
     args = parser.parse_args(argv)
     report = check(args)
     args.out.mkdir(parents=True, exist_ok=True)

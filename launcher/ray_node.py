@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from launcher.nodes import node_hostnames, node_ip, ray_gpu_env, this_node
+from launcher.nodes import node_info, ray_gpu_env, this_node
 from launcher.plan import PORT_OFFSETS, node_ray_ports
 
 
@@ -83,8 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     node = this_node()
     job_nodes = args.job_nodes.split(",")
-    ip, head_ip = node_ip(node), node_ip(args.head)
-    slot = host_slot(node, job_nodes, node_hostnames(job_nodes))
+    info = node_info([node, args.head, *job_nodes])
+    ip, head_ip = info[node].ip, info[args.head].ip
+    slot = host_slot(node, job_nodes, {n: i.hostname for n, i in info.items()})
     tmp = temp_dir(os.environ.get("SLURM_JOB_ID", "0"), node)
     cmd = start_command(args, node, ip, head_ip, tmp, slot)
     if node != args.head:

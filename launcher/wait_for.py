@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 def missing_nodes(
     expected: dict[str, list[str]], ips: dict[str, str], alive: list[dict[str, object]]
 ) -> list[str]:
-    """``role:node`` for each expected node not alive with its role's resource (pure)."""
+    """``role:node`` for each expected node not alive with its role's resource (pure); a node
+    whose address in ``ips`` is "" may be any node (one machine: Ray picks its own address)."""
     seen: set[tuple[str, str]] = set()
     for node in alive:
         resources = node.get("Resources") or {}
@@ -32,7 +33,7 @@ def missing_nodes(
         f"{role}:{name}"
         for role, names in expected.items()
         for name in names
-        if (role, ips[name]) not in seen
+        if (role, ips[name]) not in seen and not (ips[name] == "" and role in {r for r, _ in seen})
     ]
 
 
@@ -55,12 +56,20 @@ def _poll(ready: Callable[[], str | None], timeout_s: float, what: str) -> int:
 
 
 def _ray(address: str, expect: list[str], timeout_s: float) -> int:
-    import ray
-
-    from launcher.nodes import node_ip
+    from launcher.nodes import node_info
 
     expected = {r: names.split(",") for r, names in (e.split("=", 1) for e in expect)}
-    ips = {name: node_ip(name) for names in expected.values() for name in names}
+    info = node_info([name for names in expected.values() for name in names])
+    return wait_ray(address, expected, {name: i.ip for name, i in info.items()}, timeout_s)
+
+
+def wait_ray(
+    address: str, expected: dict[str, list[str]], ips: dict[str, str], timeout_s: float
+) -> int:
+    """0 once every node of ``expected`` (role -> node names; ``ips``: each name's address) is
+    alive in the Ray cluster at ``address`` with its role's resource; 1 past ``timeout_s``."""
+    import ray
+
     start = time.monotonic()
     host, port = address.rsplit(":", 1)
     if _poll(lambda: _tcp(host, int(port)), timeout_s, f"the Ray head at {address}"):
@@ -78,6 +87,11 @@ def _ray(address: str, expect: list[str], timeout_s: float) -> int:
         )
     finally:
         ray.shutdown()
+
+
+def wait_http(url: str, timeout_s: float) -> int:
+    """0 once ``url`` answers 200; 1 past ``timeout_s`` (the error printed names it)."""
+    return _poll(lambda: _http(url), timeout_s, url)
 
 
 def _tcp(host: str, port: int) -> str | None:

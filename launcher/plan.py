@@ -121,6 +121,49 @@ def plan_job(cfg: Config) -> JobPlan:
         for role, r in roles.items()
         if r.nodes
     )
+    return _job_plan(cfg, components)
+
+
+def plan_torchrun_job(cfg: Config) -> JobPlan:
+    """A learner-only job (``rstar2 sft`` under torchrun, one rank per GPU of the
+    ``launch.learner`` nodes); ConfigError (the key and why) for one it cannot run. The other
+    roles' nodes are not asked for."""
+    from rstar2.trainer.wiring import check_learner_supported
+
+    learner = cfg.launch.learner
+    if learner.nodes == 0:
+        raise ConfigError("launch.learner.nodes", "at least one node runs the learner (0 given)")
+    if cfg.cluster.accelerator != "cpu":
+        if learner.gpus_per_node == 0:
+            raise ConfigError("launch.learner.gpus_per_node", "learner nodes need GPUs (0 given)")
+        if learner.gpus_per_node > cfg.cluster.gpus_per_node:
+            raise ConfigError(
+                "launch.learner.gpus_per_node",
+                f"{learner.gpus_per_node} GPUs per node, but a node has "
+                f"{cfg.cluster.gpus_per_node} (cluster.gpus_per_node)",
+            )
+    ranks = learner.nodes * ranks_per_node(learner)
+    if cfg.learner.num_ranks != ranks:
+        raise ConfigError(
+            "learner.num_ranks",
+            f"a torchrun job starts one rank per GPU: {learner.nodes} x "
+            f"{ranks_per_node(learner)} = {ranks}, but learner.num_ranks is "
+            f"{cfg.learner.num_ranks}",
+        )
+    check_learner_supported(cfg, torchrun_ranks=ranks)
+    if cfg.launch.container != "none" and not cfg.launch.image:
+        raise ConfigError("launch.image", f"container {cfg.launch.container} needs an image")
+    component = Component("learner", learner.nodes, learner.gpus_per_node, _options(learner))
+    return _job_plan(cfg, (component,))
+
+
+def ranks_per_node(learner: LaunchRoleConfig) -> int:
+    """torchrun's ranks on each learner node: one per GPU (one on a CPU node without GPUs)."""
+    return learner.gpus_per_node or 1
+
+
+def _job_plan(cfg: Config, components: tuple[Component, ...]) -> JobPlan:
+    launch = cfg.launch
     profile = {"rocm": "mi300x", "cuda": "nvidia", "cpu": None}[cfg.cluster.accelerator]
     if launch.profile != "auto":
         profile = None if launch.profile == "none" else launch.profile

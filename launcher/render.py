@@ -7,6 +7,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.container import DOCKER_ENV_PATTERN, StepWrap, step_wrap
 from launcher.plan import PORT_BLOCKS, PORT_FIRST, PORT_OFFSETS, PORT_STRIDE, JobPlan
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -22,7 +23,9 @@ class JobPaths:
     python: str  # the interpreter on the compute nodes
 
 
-def render_sbatch(plan: JobPlan, paths: JobPaths) -> str:
+def render_sbatch(plan: JobPlan, paths: JobPaths, template: str = "slurm.sbatch.j2") -> str:
+    """The job script of ``plan`` (``template``: ``slurm.sbatch.j2``, the Ray job of
+    ``rstar2 launch slurm``, or ``torchrun.sbatch.j2``, a learner-only job)."""
     import jinja2
 
     env = jinja2.Environment(
@@ -38,16 +41,37 @@ def render_sbatch(plan: JobPlan, paths: JobPaths) -> str:
     ports = {
         "first": PORT_FIRST, "stride": PORT_STRIDE, "blocks": PORT_BLOCKS, "offsets": PORT_OFFSETS,
     }  # fmt: skip
-    return env.get_template("slurm.sbatch.j2").render(
+    wrap = _wrap(plan, paths)
+    if plan.container == "pyxis":  # pyxis works through srun only: a one-task step on the head
+        on_batch_host = (
+            "srun --het-group=0 --nodes=1 --ntasks=1 --overlap "
+            f'-J wait -w "$HEAD_NODE" {wrap.srun_options}'
+        )
+    else:
+        on_batch_host = wrap.prefix
+    return env.get_template(template).render(
         plan=plan,
         run_dir=paths.run_dir,
         attempt_dir=paths.attempt_dir,
         log_dir=paths.log_dir,
-        workdir=paths.workdir,
-        python=shlex.quote(paths.python),
+        batch_dir=paths.workdir if plan.container == "none" else paths.run_dir,
+        w=wrap,
+        on_batch_host=on_batch_host,
+        docker_env_pattern=DOCKER_ENV_PATTERN,
         all_groups=groups,
         ports=ports,
     )
+
+
+def _wrap(plan: JobPlan, paths: JobPaths) -> StepWrap:
+    mounts = [f"{paths.run_dir}:{paths.run_dir}"]
+    if not paths.log_dir.startswith(paths.run_dir.rstrip("/") + "/"):
+        mounts.append(f"{paths.log_dir}:{paths.log_dir}")
+    mounts += plan.container_mounts
+    return step_wrap(
+        plan.container, plan.image, plan.accelerator, tuple(mounts),
+        host_python=paths.python, host_workdir=paths.workdir,
+    )  # fmt: skip
 
 
 def render_env(plan: JobPlan) -> str:

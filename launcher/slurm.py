@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.plan import JobPlan, plan_job
+from launcher.plan import JobPlan, plan_job, plan_torchrun_job
 from launcher.render import JobPaths, render_env, render_sbatch
 from rstar2.config import Config
 
@@ -47,10 +47,17 @@ def next_attempt(run_dir: Path) -> Path:
     return run_dir / f"attempt_{max(taken, default=0) + 1}"
 
 
-def prepare(cfg: Config, *, workdir: Path | None = None, python: str | None = None) -> Attempt:
+def prepare(
+    cfg: Config,
+    *,
+    workdir: Path | None = None,
+    python: str | None = None,
+    torchrun: bool = False,
+) -> Attempt:
     """Check ``cfg`` (ConfigError before anything is written), then write the attempt folder
-    (everything is rendered first: a failure leaves no partial folder)."""
-    plan = plan_job(cfg)
+    (everything is rendered first: a failure leaves no partial folder). ``torchrun``: the
+    learner-only job (``rstar2 sft`` under torchrun) instead of the Ray job of a run."""
+    plan = plan_torchrun_job(cfg) if torchrun else plan_job(cfg)
     run_dir = (Path(cfg.runs_dir) / cfg.name).resolve()
     folder = next_attempt(run_dir)
     log_dir = Path(cfg.launch.log_dir).resolve() if cfg.launch.log_dir else folder / "logs"
@@ -61,10 +68,12 @@ def prepare(cfg: Config, *, workdir: Path | None = None, python: str | None = No
         workdir=str((workdir or Path.cwd()).resolve()),
         python=python or sys.executable,
     )
+    job = cfg if torchrun else job_config(cfg, plan)
+    template = "torchrun.sbatch.j2" if torchrun else "slurm.sbatch.j2"
     files = {
-        "config.json": json.dumps(job_config(cfg, plan).model_dump(mode="json"), indent=2) + "\n",
+        "config.json": json.dumps(job.model_dump(mode="json"), indent=2) + "\n",
         "env.sh": render_env(plan),
-        "job.sbatch": render_sbatch(plan, paths),
+        "job.sbatch": render_sbatch(plan, paths, template),
         "canary": f"{folder}\n",  # every node must read it (the shared file system)
     }
     folder.mkdir(parents=True)
@@ -72,7 +81,7 @@ def prepare(cfg: Config, *, workdir: Path | None = None, python: str | None = No
     for name, text in files.items():
         (folder / name).write_text(text)
     script = folder / "job.sbatch"
-    resumes = (run_dir / "config.json").is_file()
+    resumes = not torchrun and (run_dir / "config.json").is_file()
     return Attempt(folder, script, ["sbatch", "--parsable", str(script)], None, resumes)
 
 

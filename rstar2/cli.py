@@ -139,7 +139,25 @@ def _build_parser() -> argparse.ArgumentParser:
     slurm.add_argument(
         "--dry-run", action="store_true", help="render and print the sbatch command only"
     )
-    slurm.set_defaults(handler=_cmd_launch_slurm)
+    slurm.set_defaults(handler=_cmd_launch_slurm, torchrun=False)
+    torchrun = launch_sub.add_parser(
+        "torchrun",
+        help="render a learner-only Slurm job (rstar2 sft under torchrun, one rank per GPU of "
+        "the launch.learner nodes) and submit it",
+    )
+    _add_config_args(torchrun)
+    torchrun.add_argument(
+        "--dry-run", action="store_true", help="render and print the sbatch command only"
+    )
+    torchrun.set_defaults(handler=_cmd_launch_slurm, torchrun=True)
+    local = launch_sub.add_parser(
+        "local",
+        help="the Slurm job's role layout on this machine (Redis, sandbox service, Ray head "
+        "with role resources), then rstar2 train in it",
+    )
+    _add_config_args(local)
+    local.add_argument("--dry-run", action="store_true", help="print what it would start only")
+    local.set_defaults(handler=_cmd_launch_local)
 
     ev = sub.add_parser("eval", help="avg@n / pass@k of a model on a benchmark, with the tool")
     from rstar2.eval import add_arguments as add_eval_arguments
@@ -273,21 +291,44 @@ def _cmd_layout(args: argparse.Namespace) -> int:
 def _cmd_sft(args: argparse.Namespace) -> int:
     import time
 
+    import torch.distributed as dist
+
     from rstar2.config_io import load_config, write_resolved_config
-    from rstar2.sft import run_sft
+    from rstar2.console import run_console
+    from rstar2.learner.torchrun import broadcast_from_rank0, init_torchrun_group, torchrun_world
+    from rstar2.sft import check_sft_inputs, run_sft
     from rstar2.trainer.wiring import check_learner_supported
 
     cfg = load_config(args.config, args.overrides)
-    check_learner_supported(cfg)  # before a run folder exists
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = args.run_dir or Path(cfg.runs_dir) / f"{cfg.name}-sft-{stamp}"
-    write_resolved_config(cfg, run_dir)
-    summary = run_sft(cfg, run_dir, quiet=args.quiet)
+    world = torchrun_world()  # a learner-only job under torchrun: every rank runs this
+    check_learner_supported(cfg, torchrun_ranks=world)  # before a run folder exists
+    check_sft_inputs(cfg)
+    if world is not None:
+        init_torchrun_group(cfg.cluster.accelerator)
+    try:
+        rank = dist.get_rank() if world is not None else 0
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        default = Path(cfg.runs_dir) / f"{cfg.name}-sft-{stamp}"
+        run_dir = Path(broadcast_from_rank0(str(args.run_dir or default)))
+        if rank == 0:
+            write_resolved_config(cfg, run_dir)
+            with run_console(run_dir / "logs") as log:
+                print(f"logs of transformers, torch and other libraries: {log}", flush=True)
+                summary = run_sft(cfg, run_dir, quiet=args.quiet, rank=rank)
+        else:  # its output goes where torchrun sends it
+            summary = run_sft(cfg, run_dir, quiet=True, rank=rank)
+    finally:
+        if world is not None and dist.is_initialized():
+            dist.destroy_process_group()
+    if rank != 0:
+        return 0
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
         f"sft: {summary['steps']} steps on {summary['conversations']} conversations "
         f"({summary['skipped_too_long']} too long), nll {summary['first_nll']:.3f} -> "
-        f"{summary['last_nll']:.3f}; model in {summary['model_dir']}"
+        f"{summary['last_nll']:.3f}"
+        + (f" on {world} ranks" if world else "")
+        + f"; model in {summary['model_dir']}"
     )
     return 0
 
@@ -303,6 +344,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     import time
 
     from rstar2.config_io import load_config, write_resolved_config
+    from rstar2.console import run_console
     from rstar2.trainer.command import run_train
     from rstar2.trainer.wiring import check_supported
 
@@ -329,16 +371,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError("--run-dir", f"{run_dir} already holds a run; use --resume")
         write_resolved_config(cfg, run_dir)
     print(f"run folder: {run_dir}", flush=True)
-    summary = asyncio.run(
-        run_train(
-            cfg,
-            run_dir,
-            resume=args.resume is not None,
-            save_rollouts_dir=args.save_rollouts,
-            replay_rollouts_dir=args.replay_rollouts,
-            quiet=args.quiet,
+    with run_console(run_dir / "logs") as log:
+        print(f"logs of vLLM, Ray and other libraries: {log}", flush=True)
+        summary = asyncio.run(
+            run_train(
+                cfg,
+                run_dir,
+                resume=args.resume is not None,
+                save_rollouts_dir=args.save_rollouts,
+                replay_rollouts_dir=args.replay_rollouts,
+                quiet=args.quiet,
+            )
         )
-    )
     if summary.get("stopped"):
         print(f"train: stopped at step {summary['steps']}; rstar2 train --resume {run_dir}")
         return 128 + signal.SIGTERM
@@ -357,7 +401,8 @@ def _cmd_launch_slurm(args: argparse.Namespace) -> int:
     from launcher.slurm import LaunchError, prepare, submit
     from rstar2.config_io import load_config
 
-    attempt = prepare(load_config(args.config, args.overrides))  # ConfigError: nothing written
+    cfg = load_config(args.config, args.overrides)
+    attempt = prepare(cfg, torchrun=args.torchrun)  # ConfigError: nothing written
     print(f"job script: {attempt.script}")
     if attempt.resumes:
         print(
@@ -376,12 +421,36 @@ def _cmd_launch_slurm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_launch_local(args: argparse.Namespace) -> int:
+    import shlex
+
+    from launcher.local import plan_local, run_local
+    from rstar2.config_io import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    plan = plan_local(cfg, args.config, list(args.overrides))  # ConfigError: nothing started
+    if args.dry_run:
+        for service in plan.services:
+            env = " ".join(f"{k}={v}" for k, v in service.env.items())
+            print(f"{service.name}: {env + ' ' if env else ''}{shlex.join(service.command)}")
+        print(f"driver: {shlex.join(plan.driver)}")
+        return 0
+    return run_local(plan, start_timeout_s=cfg.launch.start_timeout_s)
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     import asyncio
+    import time
 
+    from rstar2.console import run_console
+    from rstar2.data.sources import load_rows
     from rstar2.eval import run_eval_command
 
-    return asyncio.run(run_eval_command(args))
+    if args.out is None:  # the report's folder holds the logs too: name it before they start
+        name = load_rows(args.dataset).name  # DataError: exit 2 here, as in run_eval_command
+        args.out = Path("runs") / f"eval-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    with run_console(args.out / "logs"):  # the closing line names the folder
+        return asyncio.run(run_eval_command(args))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

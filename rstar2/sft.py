@@ -13,6 +13,7 @@ line per step) and ``model/`` (an HF folder with the tokenizer, what RL and engi
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -110,25 +111,32 @@ class SftStopped(Exception):
     """SFT was asked to stop (SIGTERM) before it finished; nothing of it is kept."""
 
 
+def check_sft_inputs(cfg: Config) -> None:
+    """DataError when SFT has no data or no model to start from (before any run folder)."""
+    if not cfg.sft.data:
+        raise DataError("sft.data is empty: name at least one JSONL file of conversations")
+    if not (Path(cfg.model.path) / "config.json").is_file():
+        raise DataError(f"model.path {cfg.model.path} is not a model folder (no config.json)")
+
+
 def run_sft(
     cfg: Config,
     run_dir: Path,
     *,
     quiet: bool = False,
     should_stop: Callable[[], bool] = lambda: False,
+    rank: int = 0,
 ) -> dict[str, Any]:
     """Train ``cfg.model.path`` on ``cfg.sft.data``; writes the run folder (module docstring).
     ``should_stop`` is asked between optimizer steps; when it says yes, :class:`SftStopped` is
-    raised and no model is written (SFT keeps no checkpoints: it starts over next time)."""
+    raised and no model is written (SFT keeps no checkpoints: it starts over next time).
+    Under torchrun every rank calls this (``rank``: this one's); rank 0 alone writes files."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
     from rstar2.learner.build import build_learner, learner_settings
 
-    if not cfg.sft.data:
-        raise DataError("sft.data is empty: name at least one JSONL file of conversations")
-    if not (Path(cfg.model.path) / "config.json").is_file():
-        raise DataError(f"model.path {cfg.model.path} is not a model folder (no config.json)")
+    check_sft_inputs(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
     prompt_format = cfg.agent.prompt_format(cfg.model.path)
     template = prompt_format.template(tokenizer, cfg.agent.tool_name)
@@ -153,8 +161,8 @@ def run_sft(
         metrics: dict[str, float] = {}
         first_nll: float | None = None
         with (
-            open(run_dir / "metrics.jsonl", "w") as log,
-            tqdm(total=total_steps, desc="sft", unit="step", disable=quiet) as bar,
+            open(run_dir / "metrics.jsonl" if rank == 0 else os.devnull, "w") as log,
+            tqdm(total=total_steps, desc="sft", unit="step", disable=quiet or rank != 0) as bar,
         ):
             for epoch in range(cfg.sft.num_epochs):
                 order = list(range(len(seqs)))
@@ -174,8 +182,9 @@ def run_sft(
         learner.export_hf(model_dir)
     finally:
         learner.close()
-    tokenizer.save_pretrained(model_dir)
-    prompt_format.save(model_dir)
+    if rank == 0:
+        tokenizer.save_pretrained(model_dir)
+        prompt_format.save(model_dir)
     return {
         "conversations": len(seqs),
         "skipped_too_long": skipped,

@@ -10,7 +10,9 @@ actors fit, and shutting down a cluster it started).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rstar2.agent.loop import Sandbox
@@ -122,11 +124,18 @@ class RayPlacement:
         when the actors cannot be placed, rather than leaving them pending forever."""
         import ray
 
+        from rstar2.console import link_logs
         from rstar2.trainer.ray_resources import actor_demands, check_fits
 
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=False)
             self._started_ray = True
+            # actors write to the session's log files (log_to_driver off): name them in the
+            # run's logs; where Ray cannot say (a client connection), the run goes on without
+            with contextlib.suppress(Exception):
+                context = ray.get_runtime_context()
+                session = Path(context.get_temp_dir()) / context.get_session_name()
+                link_logs("ray", session / "logs")
         try:
             alive = [n["Resources"] for n in ray.nodes() if n["Alive"]]
             check_fits(actor_demands(self.cfg), alive)

@@ -80,10 +80,18 @@ def check_placement_supported(cfg: Config) -> None:
             )
 
 
-def check_learner_supported(cfg: Config) -> None:
-    """ConfigError when ``cfg.learner``'s backend cannot run here (what ``rstar2 sft`` needs)."""
+def check_learner_supported(cfg: Config, *, torchrun_ranks: int | None = None) -> None:
+    """ConfigError when ``cfg.learner``'s backend cannot run here (what ``rstar2 sft`` needs);
+    ``torchrun_ranks``: the ranks torchrun started this command among (None: not torchrun)."""
     section = cfg.learner
-    if section.num_ranks > 1 and not cfg.cluster.ray:
+    if torchrun_ranks is not None:
+        if section.num_ranks != torchrun_ranks:
+            raise ConfigError(
+                "learner.num_ranks",
+                f"torchrun started {torchrun_ranks} ranks but the config asks for "
+                f"{section.num_ranks}: set learner.num_ranks={torchrun_ranks}",
+            )
+    elif section.num_ranks > 1 and not cfg.cluster.ray:
         raise ConfigError(
             "learner.num_ranks",
             f"{section.num_ranks} learner ranks start as a Ray learner group: set cluster.ray: "

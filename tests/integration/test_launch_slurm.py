@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.conftest import REPO
+from tests.helpers.launch_config import launch_config, sft_launch_config
 from tests.helpers.slurm_cluster import SlurmCluster, skip_reason, slurm_cluster
 
 pytestmark = pytest.mark.skipif(bool(skip_reason()), reason=skip_reason() or "")
@@ -35,33 +35,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         yield c
 
 
-def _config(root: Path, **launch: object) -> Path:
-    problems = root / "problems.jsonl"
-    problems.write_text(json.dumps({"problem": "What is six times seven?", "answer": "42"}) + "\n")
-    cfg = yaml.safe_load((REPO / "configs" / "toy" / "cpu.yaml").read_text())
-    cfg.update(name="launched", runs_dir=str(root / "runs"))
-    cfg["model"]["path"] = str(root / "tiny")  # built by the job (model.tiny)
-    cfg["sft"] = {"data": []}
-    cfg["data"].update(train_datasets=[str(problems)], eval_datasets=[str(problems)])
-    cfg["data"]["rollout_batch_num_prompts"] = 2
-    cfg["stages"] = [{"name": "s1", "num_steps": 2, "max_response_tokens": 64, "max_turns": 2}]
-    cfg["eval"].update(num_samples=2, max_response_tokens=64)
-    cfg["sandbox"] = {"mode": "http", "url": "http://set-by-the-job:1"}
-    cfg["launch"] = {
-        "learner": {"nodes": 1, "gpus_per_node": 1, "partition": "gpu"},
-        "rollout": {"nodes": 1, "gpus_per_node": 1, "partition": "gpu"},
-        "sandbox": {"nodes": 1, "partition": "cpu"},
-        "start_timeout_s": 120,
-        **launch,
-    }
-    path = root / "launch.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def _submit(cluster: SlurmCluster, config: Path, *overrides: str) -> tuple[str, Path]:
+def _submit(
+    cluster: SlurmCluster, config: Path, *overrides: str, kind: str = "slurm"
+) -> tuple[str, Path]:
     proc = subprocess.run(
-        [sys.executable, "-m", "rstar2.cli", "launch", "slurm", "--config", str(config),
+        [sys.executable, "-m", "rstar2.cli", "launch", kind, "--config", str(config),
          *overrides],
         env=cluster.env, cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -109,7 +87,7 @@ def _settled(job: str, deadline_s: float = 30) -> list[str]:
 def test_a_launched_job_trains_with_every_role_on_its_nodes(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    job, attempt = _submit(cluster, _config(tmp_path))
+    job, attempt = _submit(cluster, launch_config(tmp_path))
     took = _wait_gone(cluster, job, 480)
     out = (attempt / "logs" / f"slurm-{job}.out").read_text()
     assert "rstar2 train exited with 0" in out, out[-3000:]
@@ -135,7 +113,7 @@ def test_a_launched_job_trains_with_every_role_on_its_nodes(
 def test_scancel_during_start_up_leaves_nothing_behind(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    job, attempt = _submit(cluster, _config(tmp_path))
+    job, attempt = _submit(cluster, launch_config(tmp_path))
     log = attempt / "logs" / f"slurm-{job}.out"
     end = time.monotonic() + 120
     while "waiting for every node to join Ray" not in (log.read_text() if log.exists() else ""):
@@ -152,7 +130,7 @@ def test_a_node_lost_during_start_up_fails_the_job_at_once_naming_it(
     """The CPU node's Ray process is killed (SIGKILL, as a node loss would) while the job waits
     for every node to join: the job fails well within its start-up deadline, and the message
     names the node."""
-    job, attempt = _submit(cluster, _config(tmp_path))
+    job, attempt = _submit(cluster, launch_config(tmp_path))
     log = attempt / "logs" / f"slurm-{job}.out"
     end = time.monotonic() + 120
     victim = None
@@ -180,3 +158,25 @@ def _pids_of(pattern: str) -> list[int]:
             if pattern in cmd:
                 out.append(int(entry.name))
     return out
+
+
+def test_a_torchrun_job_trains_one_learner_over_two_nodes(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """`rstar2 launch torchrun`: rstar2 sft under torchrun, one agent per learner node (two
+    ranks over the two GPU nodes, c10d rendezvous on the first, gloo), rank 0 writing the run."""
+    config = sft_launch_config(tmp_path)
+    job, attempt = _submit(cluster, config, "learner.num_ranks=2", kind="torchrun")
+    took = _wait_gone(cluster, job, 300)
+    out = (attempt / "logs" / f"slurm-{job}.out").read_text()
+    assert "rstar2 sft exited with 0" in out, out[-3000:]
+    logs = attempt / "logs" / "restart_0"
+    assert len(list(logs.glob("sft-*.log"))) == 2  # one torchrun agent per node
+    run = tmp_path / "runs" / "sft-torchrun"
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").open()]
+    assert len(rows) == 3 and rows[-1]["nll"] < rows[0]["nll"]
+    assert (run / "model" / "model.safetensors").is_file()
+    summary = "".join(p.read_text() for p in logs.glob("sft-*.log"))
+    assert summary.count("on 2 ranks") == 1, summary[-2000:]
+    assert _settled(job) == []
+    print(f"torchrun job: {took:.0f} s from submit to gone")

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from launcher.nodes import ray_gpu_env
-from launcher.plan import MAX_NODES_PER_HOST, PORT_STRIDE, node_ray_ports, plan_job, port_block
+from launcher.plan import (
+    MAX_NODES_PER_HOST,
+    PORT_STRIDE,
+    node_ray_ports,
+    plan_job,
+    plan_torchrun_job,
+    port_block,
+)
 from launcher.render import JobPaths, render_env, render_sbatch
 from launcher.wait_for import missing_nodes
 from rstar2.config import Config, ConfigError
@@ -55,13 +62,43 @@ CASES = {
 }
 
 
+# a learner-only job (rstar2 sft under torchrun): 2 nodes x 8 MI300X
+TORCHRUN_CASES = {
+    "torchrun-2x8-mi300x": (
+        PAPER,
+        ["learner.num_ranks=16", "launch.learner.nodes=2", "launch.learner.partition=mi300x"],
+    ),
+}
+# every step in launch.image, one case per container mode
+_IMAGES = {
+    "pyxis": "/images/rstar2.sqsh",
+    "apptainer": "/images/rstar2.sif",
+    "docker": "rstar2:rocm",
+}
+for _mode, _image in _IMAGES.items():
+    CASES[f"one-node-{_mode}"] = (
+        PAPER,
+        [*CASES["one-node"][1], f"launch.container={_mode}", f"launch.image={_image}",
+         "launch.container_mounts=[/models:/models]"],
+    )  # fmt: skip
+TORCHRUN_CASES["torchrun-2x8-mi300x-pyxis"] = (
+    PAPER,
+    [*TORCHRUN_CASES["torchrun-2x8-mi300x"][1], "launch.container=pyxis",
+     "launch.image=/images/rstar2.sqsh"],
+)  # fmt: skip
+
+
 def _render(name: str) -> str:
+    if name in TORCHRUN_CASES:
+        path, overrides = TORCHRUN_CASES[name]
+        plan = plan_torchrun_job(load_config(path, overrides))
+        return render_sbatch(plan, PATHS, "torchrun.sbatch.j2")
     path, overrides = CASES[name]
     cfg = load_config(path, overrides)
     return render_sbatch(plan_job(cfg), PATHS)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [*CASES, *TORCHRUN_CASES])
 def test_the_job_script_equals_its_golden_file_and_bash_parses_it(name: str) -> None:
     text = _render(name)
     assert text == _render(name)  # deterministic

@@ -62,12 +62,15 @@ class Learner(Protocol):
         """The full weights as an HF model folder (what engines and ``sft`` outputs load)."""
         ...
 
-    def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+    def named_weights(
+        self, bucket_bytes: int, *, every_rank: bool = False
+    ) -> Iterator[list[tuple[str, Any]]]:
         """The full weights under their HF names, in buckets of at most ``bucket_bytes`` (a
         single larger tensor is a bucket of its own). Every rank must iterate, and every rank
         gets one list per bucket, after that bucket's collectives (the ranks stay in step, so a
         caller may run its own collective per bucket); only rank 0's lists hold tensors, the
-        other ranks' are empty."""
+        other ranks' are empty, except with ``every_rank`` on a backend whose gathers leave
+        the full tensors on every rank anyway (FSDP2): then every rank's lists hold them."""
         ...
 
     def reset_optimizer(self) -> None:

@@ -342,7 +342,11 @@ class RayLearner:
     def export_hf(self, folder: str | Path) -> None:
         self._call("export_hf", str(folder))
 
-    def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+    def named_weights(
+        self, bucket_bytes: int, *, every_rank: bool = False
+    ) -> Iterator[list[tuple[str, Any]]]:
+        """Rank 0's buckets, through the object store (``every_rank`` has no meaning for the
+        group's caller, which is one process)."""
         import ray
 
         streams = [

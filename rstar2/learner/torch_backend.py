@@ -282,12 +282,13 @@ class TorchLearner:
     # ---- weights and checkpoints ----
 
     def named_weights(
-        self, bucket_bytes: int, dtype: torch.dtype | None = None
+        self, bucket_bytes: int, dtype: torch.dtype | None = None, *, every_rank: bool = False
     ) -> Iterator[list[tuple[str, Any]]]:
         """Buckets of whole units: a decoder layer (``model.layers.N.*``) or another module.
         Engines fuse a layer's projections (q/k/v, gate/up) and cannot load part of one, so a
         unit larger than ``bucket_bytes`` is a bucket of its own. Every rank yields one list
-        per bucket, after that bucket's gathers (in step); only rank 0's hold tensors."""
+        per bucket, after that bucket's gathers (in step); only rank 0's hold tensors unless
+        ``every_rank`` (every rank holds them after FSDP2's gathers)."""
         self.reload()
         bucket: list[tuple[str, Any]] = []
         size = 0
@@ -296,7 +297,7 @@ class TorchLearner:
             if size and size + nbytes > bucket_bytes:
                 yield bucket
                 bucket, size = [], 0
-            if self.rank == 0:
+            if self.rank == 0 or every_rank:
                 bucket.extend(unit)
             size += nbytes
         if size:

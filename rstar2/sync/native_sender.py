@@ -2,9 +2,10 @@
 
 :class:`LearnerWeights` is a vLLM ``WeightSource`` over a learner's ``named_weights``: its
 metadata is taken once (one pass, every rank), and each pass yields HF-named full tensors.
-Only rank 0 of our learners holds the gathered tensors; with ``everywhere`` each one is
-broadcast inside the learner group so every rank holds it on its own GPU, which is what CUDA
-IPC to colocated engine workers needs (each worker maps the copy on its GPU; vLLM's IPC trainer
+With ``everywhere`` every rank yields every tensor on its own GPU, which is what CUDA IPC to
+colocated engine workers needs: under FSDP2 each rank's gathers already left it the full
+tensors; where only rank 0 holds them (megatron gathers to rank 0) each one is broadcast inside
+the learner group (each worker maps the copy on its GPU; vLLM's IPC trainer
 engine all-gathers the ranks' handles). The ranks stay in step because ``named_weights`` yields
 one list per bucket on every rank.
 
@@ -64,9 +65,16 @@ def learner_weights(
 
         def __iter__(self) -> Iterator[tuple[str, Any]]:
             rank = dist.get_rank() if dist.is_initialized() else 0
-            for index, bucket in enumerate(learner.named_weights(bucket_bytes)):
+            held: bool | None = None  # every rank holds every bucket's tensors (FSDP2)
+            buckets = learner.named_weights(bucket_bytes, every_rank=spread)
+            for index, bucket in enumerate(buckets):
                 bucket = [(n, t.to(device, non_blocking=True)) for n, t in bucket]  # megatron: CPU
-                if not spread:
+                if spread and held is None:  # decided once, by every rank alike
+                    wanted = sum(1 for *_, at in meta if at == index)
+                    flag = torch.tensor([int(len(bucket) == wanted)], device=device)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+                    held = bool(flag.item())
+                if not spread or held:
                     yield from bucket
                     continue
                 if rank == 0:

@@ -47,4 +47,10 @@ def weights_on_this_rank(learner: Any, bucket_bytes: int) -> dict[str, Any]:
     dist.broadcast_object_list(box, src=0)
     source = learner_weights(learner, box[0], bucket_bytes, everywhere=True, device="cpu")
     weights = {name: tensor.clone() for name, tensor in source}
-    return {"buckets": len(list(learner.named_weights(bucket_bytes))), "weights": weights}
+    own = list(learner.named_weights(bucket_bytes, every_rank=True))
+    return {
+        "buckets": len(list(learner.named_weights(bucket_bytes))),
+        "weights": weights,
+        # this rank's gathers left it every tensor (no broadcast from rank 0 was needed)
+        "held_here": all(own),
+    }

@@ -283,6 +283,7 @@ def test_every_rank_holds_each_bucket_in_step_for_colocated_ipc(models, tmp_path
     for layout, got in torch.load(out, weights_only=False).items():
         first, second = got["ranks"]
         assert first["buckets"] == second["buckets"] > 2, layout
+        assert first["held_here"] and not second["held_here"], layout  # rank 1: broadcast
         for rank in (first, second):
             assert list(rank["weights"]) == list(got["full"]), layout
             for name, w in got["full"].items():

@@ -192,6 +192,7 @@ def test_fsdp2_on_two_gloo_ranks_matches_one_process(model_dir: Path, tmp_path: 
     # colocated IPC: both ranks hold every tensor, bucket by bucket in step (one list per bucket)
     spread = [torch.load(tmp_path / f"spread{r}.pt", weights_only=False) for r in (0, 1)]
     assert spread[0]["buckets"] == spread[1]["buckets"] > 2
+    assert spread[0]["held_here"] and spread[1]["held_here"]  # FSDP2: no broadcast needed
     for got in spread:
         assert list(got["weights"]) == list(resumed["weights"])
         assert all(torch.equal(got["weights"][k], v) for k, v in resumed["weights"].items())

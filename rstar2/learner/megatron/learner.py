@@ -224,10 +224,11 @@ class MegatronLearner:
     # ---- weights ----
 
     def named_weights(
-        self, bucket_bytes: int, dtype: torch.dtype | None = None
+        self, bucket_bytes: int, dtype: torch.dtype | None = None, *, every_rank: bool = False
     ) -> Iterator[list[tuple[str, Any]]]:
         """HF-named full tensors in buckets of whole decoder layers (every rank takes part and
-        yields one list per bucket, in step; rank 0's hold the tensors, the others are empty)."""
+        yields one list per bucket, in step; rank 0's hold the tensors, the others are empty:
+        the shards are gathered to rank 0, so ``every_rank`` changes nothing here)."""
         bucket: list[tuple[str, Any]] = []
         size = 0
         for unit in hf_units(self.model.module, self.shard, self.dims, self.dp_rank, dtype):

@@ -20,22 +20,11 @@ from typing import Any
 
 import torch
 
+from perf.shapes import QWEN3_1_7B
 from rstar2.config import OptimConfig, TorchLearnerConfig
 from rstar2.learner.protocol import TrainSequence
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 
-QWEN3_1_7B = {
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 40960,
-    "rope_theta": 1000000.0,
-}
 TINY = {
     "hidden_size": 256,
     "intermediate_size": 768,

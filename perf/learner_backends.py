@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from perf.learner import QWEN3_1_7B, batch, flops_per_token, matmul_peak_tflops
+from perf.learner import batch, flops_per_token, matmul_peak_tflops
+from perf.shapes import QWEN3_1_7B
 
 
 def _timed(step: Callable[[], Any], steps: int, warmup: int) -> float:

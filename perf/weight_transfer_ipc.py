@@ -24,7 +24,8 @@ others (per-tensor ``copy_``, and replayed from one CUDA graph). Per-tensor copi
 below the contiguous copy on an H200 (0.74x from a graph), so no transfer into a model's
 separate tensors can reach the contiguous rate; ``shared_gpu_gb_per_s`` (the receiver's
 copies alone, CUDA events) shows what IPC costs against ``in_process_graph_copy_gb_per_s``.
-Messages go through a pipe (an ``mp.Queue``'s feeder thread added ~0.1 ms per message).
+Messages go through a pipe (an ``mp.Queue``'s feeder thread added ~0.1 ms per message), read
+by polling without sleeping (a blocked read's wake-up costs tens of microseconds a message).
 ``first_round_s`` is the sync that opens the handles; ``*_round_s`` the median of the later
 ones. One JSON line out.
 """
@@ -42,12 +43,13 @@ import torch.multiprocessing as mp
 BUCKET_BYTES = 512 << 20
 SMALL_BYTES = 1 << 20
 ROUNDS = 20
+_CAPTURED: list[Any] = []
 
 
 def _shapes() -> list[tuple[str, tuple[int, ...]]]:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from perf.learner import QWEN3_1_7B
+    from perf.shapes import QWEN3_1_7B
 
     with torch.device("meta"):
         model = Qwen3ForCausalLM(Qwen3Config(**dict[str, Any](QWEN3_1_7B)))
@@ -93,15 +95,34 @@ def _views(buffer: torch.Tensor, bucket: list[tuple[str, tuple[int, ...]]]) -> l
 
 
 def _captured(bucket: list[tuple[str, torch.Tensor]], mine: dict[str, torch.Tensor]) -> Any:
-    """The bucket's copies into ``mine`` as one CUDA graph: the addresses on both sides never
-    change, so a sync replays it (one launch instead of one per tensor)."""
+    """The bucket's copies into ``mine`` as one CUDA graph of one multi-tensor copy launch
+    (perf.multi_copy): the addresses on both sides never change, so a sync replays it."""
+    from perf.multi_copy import MultiCopy
+
+    copy = MultiCopy([mine[name] for name, _ in bucket], [t for _, t in bucket])
+    return _graph_of(copy)
+
+
+def _per_tensor_graph(bucket: list[tuple[str, torch.Tensor]], mine: dict[str, torch.Tensor]) -> Any:
+    """The same copies, one ``copy_`` per tensor, as one CUDA graph (the earlier receiver)."""
+
+    def copies() -> None:
+        for name, tensor in bucket:
+            mine[name].copy_(tensor, non_blocking=True)
+
+    return _graph_of(copies)
+
+
+def _graph_of(fn: Any) -> Any:
+    fn()  # compiles a Triton kernel outside the capture
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for name, tensor in bucket:
-            mine[name].copy_(tensor, non_blocking=True)
+        fn()
     torch.cuda.current_stream().wait_stream(stream)
+    _CAPTURED.append(fn)  # the graph's tensors and tables live as long as the process
     return graph
 
 
@@ -114,7 +135,7 @@ def _receiver(shapes: list[tuple[str, tuple[int, ...]]], conn: Any) -> None:
     graphs: list[Any] = []
     first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     while True:
-        message = conn.recv()
+        message = _recv_spinning(conn)
         kind = message[0]
         if kind == "stop":
             break
@@ -140,6 +161,14 @@ def _receiver(shapes: list[tuple[str, tuple[int, ...]]], conn: Any) -> None:
     conn.send(float(sum(t.float().sum().item() for t in mine.values())))
 
 
+def _recv_spinning(conn: Any) -> Any:
+    """``conn.recv()`` after polling without sleeping: a blocked read costs a wake-up (tens of
+    microseconds) per message, which at ~2 ms per sync is several percent of it."""
+    while not conn.poll():
+        pass
+    return conn.recv()
+
+
 def _copy_rate(nbytes: int) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
@@ -156,19 +185,19 @@ def _copy_rate(nbytes: int) -> float:
 def _sync_shared(conn: Any, buckets: list[Any], gpu_s: list[float]) -> None:
     for index in range(len(buckets)):
         conn.send(("shared", index, index == len(buckets) - 1))
-    gpu_s.append(conn.recv())
+    gpu_s.append(_recv_spinning(conn))
 
 
 def _sync_packed(conn: Any, buckets: list[Any], slots: list[torch.Tensor]) -> None:
     free = list(range(len(slots)))
     for index, bucket in enumerate(buckets):
-        slot = free.pop(0) if free else conn.recv()  # wait for a released buffer
+        slot = free.pop(0) if free else _recv_spinning(conn)  # wait for a released buffer
         views = _views(slots[slot], [(n, tuple(t.shape)) for n, t in bucket])
         _copy(views, [t for _, t in bucket])
         torch.cuda.synchronize()  # the receiver reads on another process's stream
         conn.send(("packed", index, slot))
     for _ in range(len(slots) - len(free)):
-        conn.recv()
+        _recv_spinning(conn)
 
 
 def _timed(fn: Any, rounds: int) -> list[float]:
@@ -207,8 +236,11 @@ def main() -> dict[str, Any]:
     expected = float(sum(t.float().sum().item() for _, t in learner))
     targets = [torch.empty_like(t) for _, t in learner]
     in_process = _timed(lambda: _copy(targets, [t for _, t in learner]), 5)
-    replayed = _captured(learner, dict(zip([n for n, _ in learner], targets, strict=True)))
-    in_process_graph = _timed(replayed.replay, 5)
+    named_targets = dict(zip([n for n, _ in learner], targets, strict=True))
+    per_tensor = _per_tensor_graph(learner, named_targets)
+    in_process_graph = _timed(per_tensor.replay, 5)
+    fused = _captured(learner, named_targets)
+    in_process_fused = _timed(fused.replay, 5)
     copy = _copy_rate(BUCKET_BYTES)
 
     def rate(times: list[float]) -> float:
@@ -235,6 +267,7 @@ def main() -> dict[str, Any]:
         "device_copy_gb_per_s": round(copy, 1),
         "in_process_tensor_copy_gb_per_s": round(total / min(in_process) / 1e9, 1),
         "in_process_graph_copy_gb_per_s": round(total / min(in_process_graph) / 1e9, 1),
+        "in_process_multi_copy_gb_per_s": round(total / min(in_process_fused) / 1e9, 1),
         "shared_over_copy": round(rate(shared) / copy, 3),
         "packed_over_copy": round(rate(packed) / copy, 3),
         "weights_equal": abs(checksum - expected) <= 1e-3 * max(1.0, abs(expected)),

@@ -8,9 +8,10 @@ Every step of a job script is ``srun [SRUN_OPTIONS] PREFIX PYTHON -m ...``:
   (enroot; the host environment is passed in by pyxis);
 - ``apptainer``: ``apptainer exec`` with the vendor's GPU flag (``--nv`` / ``--rocm``), binds
   and ``--pwd`` (apptainer passes the host environment in);
-- ``docker``: ``docker run --rm --init`` on the host network and IPC namespace, the vendor's
-  GPU devices, the job's variables by name (``$(docker_env)`` in the script: docker passes
-  nothing by default) and the mounts.
+- ``docker``: ``docker run --rm --init`` as the job's user, on the host network, IPC and PID
+  namespaces (preflight sees the host's processes), the vendor's GPU devices on GPU steps, the
+  job's variables by name (``$(docker_env)`` in the script: docker passes nothing by default;
+  by name, so each task's own values) and the mounts.
 
 In an image the code is the image's (``/opt/rstar2``, docker/*.Dockerfile) and the interpreter
 its ``python3``; the runs folder (and the log folder, and ``launch.container_mounts``) is
@@ -45,8 +46,11 @@ def step_wrap(
     *,
     host_python: str,
     host_workdir: str,
+    gpus: bool = True,
 ) -> StepWrap:
-    """The wrap of every step for ``container`` (``mounts``: SRC:DST, the run folders first)."""
+    """The wrap of a step for ``container`` (``mounts``: SRC:DST, the run folders first;
+    ``gpus``: the step uses the node's GPUs, so the container gets the vendor's devices — never
+    on a CPU node, where docker would refuse devices that are not there)."""
     if container == "none":
         return StepWrap("", "", shlex.quote(host_python), host_workdir)
     if not image:
@@ -60,25 +64,26 @@ def step_wrap(
         ]
         return StepWrap(" ".join(opts) + " ", "", IMAGE_PYTHON, IMAGE_WORKDIR)
     if container == "apptainer":
-        gpu = {"cuda": ["--nv"], "rocm": ["--rocm"]}.get(accelerator, [])
+        gpu = {"cuda": ["--nv"], "rocm": ["--rocm"]}.get(accelerator, []) if gpus else []
         binds = [f"--bind={q(m)}" for m in mounts]
         words = ["apptainer", "exec", *gpu, *binds, f"--pwd={IMAGE_WORKDIR}", q(image)]
         return StepWrap("", " ".join(words) + " ", IMAGE_PYTHON, IMAGE_WORKDIR)
     if container == "docker":
         gpu = {
-            # Slurm's allocation, renumbered from 0 inside (docker_env leaves the host's
-            # CUDA_VISIBLE_DEVICES out)
-            "cuda": ['--gpus="\\"device=${CUDA_VISIBLE_DEVICES:-all}\\""'],
-            # every GPU's device files; HIP_VISIBLE_DEVICES (passed) narrows to the allocation
+            # every GPU, numbered as on the host; the task's own CUDA_VISIBLE_DEVICES (passed by
+            # name, so each task's value) narrows to Slurm's allocation
+            "cuda": ["--gpus=all"],
+            # every GPU's device files; the task's HIP/ROCR_VISIBLE_DEVICES narrow them
             "rocm": [
                 "--device=/dev/kfd", "--device=/dev/dri", "--group-add=video",
                 "--security-opt=seccomp=unconfined",
             ],
-        }.get(accelerator, [])  # fmt: skip
+        }.get(accelerator, []) if gpus else []  # fmt: skip
         volumes = [f"--volume={q(m)}" for m in mounts]
         words = [
-            "docker", "run", "--rm", "--init", "--network=host", "--ipc=host",
-            "--ulimit=memlock=-1", "--shm-size=16g", *gpu, "$(docker_env)", *volumes,
+            "docker", "run", "--rm", "--init", "--network=host", "--ipc=host", "--pid=host",
+            '--user="$(id -u):$(id -g)"', "--env=HOME=/tmp", "--ulimit=memlock=-1",
+            "--shm-size=16g", *gpu, "$(docker_env)", *volumes,
             f"--workdir={IMAGE_WORKDIR}", q(image),
         ]  # fmt: skip
         return StepWrap("", " ".join(words) + " ", IMAGE_PYTHON, IMAGE_WORKDIR)
@@ -89,5 +94,5 @@ def step_wrap(
 # GPU runtimes'); PATH, HOME and the like stay the image's
 DOCKER_ENV_PATTERN = (
     "^(RAY_|SANDBOX_POOL_|REDIS_|SLURM|NCCL_|RCCL_|HIP_|HSA_|ROCR_|GPU_|TORCH_|PYTORCH_|VLLM_|"
-    "CUDA_DEVICE_|OMP_|MASTER_|RSTAR2_|SAFETENSORS_|HF_|TRANSFORMERS_)"
+    "CUDA_|OMP_|MASTER_|RSTAR2_|SAFETENSORS_|HF_|TRANSFORMERS_)"
 )

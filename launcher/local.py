@@ -14,8 +14,11 @@ every case.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import random
 import secrets
 import shlex
 import shutil
@@ -54,6 +57,8 @@ class LocalPlan:
     ports: dict[str, int]
     services: tuple[Service, ...]
     driver: list[str]
+    port_lock: IO[str]  # held while the plan runs: the port block is this launch's
+    resumes: bool  # the run folder holds a run: the driver resumes it with its own config
 
 
 def plan_local(cfg: Config, config_path: str | None, overrides: list[str]) -> LocalPlan:
@@ -62,7 +67,7 @@ def plan_local(cfg: Config, config_path: str | None, overrides: list[str]) -> Lo
     check_placement_supported(ray_cfg)
     run_dir = (Path(cfg.runs_dir) / cfg.name).resolve()
     log_dir = run_dir / "local"
-    ports = _free_port_block()
+    ports, lock = _free_port_block()
     py = sys.executable
     sandbox = [
         py, "-m", "launcher.sandbox_node", "--first", SANDBOX_NODES[0], "--first-ip", HOST,
@@ -90,30 +95,52 @@ def plan_local(cfg: Config, config_path: str | None, overrides: list[str]) -> Lo
         Service("the Ray head", ray, {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}, "ray.log"),
     )
     url = f"sandbox.url=http://{HOST}:{ports['sandbox_http']}"
-    if (run_dir / "config.json").is_file():
+    resumes = (run_dir / "config.json").is_file()
+    if resumes:
         driver = [py, "-m", "rstar2.cli", "train", "--resume", str(run_dir), url]
     else:
         given = ["--config", config_path] if config_path else []
         driver = [py, "-m", "rstar2.cli", "train", *given, *overrides, "cluster.ray=true",
                   "sandbox.mode=http", url, "--run-dir", str(run_dir)]  # fmt: skip
-    return LocalPlan(run_dir, log_dir, ray_tmp, ports, services, driver)
+    return LocalPlan(run_dir, log_dir, ray_tmp, ports, services, driver, lock, resumes)
 
 
-def _free_port_block() -> dict[str, int]:
-    """The first of the job port blocks whose ports are all free here."""
-    for block in range(PORT_BLOCKS):
+def _free_port_block() -> tuple[dict[str, int], IO[str]]:
+    """A job port block whose ports are all free here, and the lock that keeps it this
+    launch's (another ``launch local`` skips a locked block; held until the process ends)."""
+    first = random.randrange(PORT_BLOCKS)
+    for i in range(PORT_BLOCKS):
+        block = (first + i) % PORT_BLOCKS
+        lock = open(f"/tmp/rstar2-port-block-{block}.lock", "w")  # noqa: SIM115 (held)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
         ports = port_block(block)
-        if not taken_ports(HOST, ports["base"], PORT_STRIDE):
-            return ports
+        if not taken_ports("0.0.0.0", ports["base"], PORT_STRIDE):  # Ray binds the host's IP
+            return ports, lock
+        lock.close()
     raise RuntimeError("every port block of launcher.plan is taken on this machine")
 
 
 def run_local(plan: LocalPlan, *, start_timeout_s: float, out: IO[str] = sys.stdout) -> int:
     """Start ``plan``'s services, run its driver, stop everything; the driver's exit status
-    (1 when a service failed first)."""
+    (1 when a service failed first or a stop came during start-up)."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, SANDBOX_POOL_TOKEN=secrets.token_hex(32))
+    token = secrets.token_hex(32)
+    # Ray's token authentication with this launch's own token, as the Slurm job does (not
+    # whatever ~/.ray/auth_token holds): only the launch's processes join its cluster
+    token_path = plan.log_dir / "token"
+    token_path.unlink(missing_ok=True)
+    fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token)
+    env = dict(os.environ, SANDBOX_POOL_TOKEN=token, RAY_AUTH_MODE="token")
+    env["RAY_AUTH_TOKEN_PATH"] = str(token_path)
     env["RAY_ADDRESS"] = f"{HOST}:{plan.ports['ray_gcs']}"
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"):  # this process's wait joins it too
+        os.environ[name] = env[name]
     running: list[tuple[Service, subprocess.Popen[bytes]]] = []
     stop_asked = False
 
@@ -121,52 +148,80 @@ def run_local(plan: LocalPlan, *, start_timeout_s: float, out: IO[str] = sys.std
         nonlocal stop_asked
         stop_asked = True
 
-    previous = {s: signal.signal(s, ask_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    def why_stop() -> str | None:
+        dead = next((s for s, p in running if p.poll() is not None), None)
+        if dead is not None:
+            return f"{dead.name} ended (see {plan.log_dir / dead.log})"
+        return "a stop was asked" if stop_asked else None
+
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, ask_stop) for s in signals}
     try:
         for service in plan.services:
             print(f"launch local: {service.name}: logs in {plan.log_dir / service.log}", file=out)
             with open(plan.log_dir / service.log, "ab") as log:
                 proc = subprocess.Popen(
                     service.command, env={**env, **service.env}, stdout=log, stderr=log,
-                    start_new_session=True,  # Ctrl-C reaches the driver, not the services
+                    start_new_session=True,  # signals reach this launcher only
                 )  # fmt: skip
             running.append((service, proc))
         health = f"http://{HOST}:{plan.ports['sandbox_http']}/healthz"
-        if wait_http(health, start_timeout_s):
+        if wait_http(health, start_timeout_s, why_stop):
             return 1
         expected = {"learner": ["local"], "rollout": ["local"]}
-        if wait_ray(env["RAY_ADDRESS"], expected, {"local": ""}, start_timeout_s):
+        if wait_ray(env["RAY_ADDRESS"], expected, {"local": ""}, start_timeout_s, why_stop):
+            return 1
+        if (reason := why_stop()) is not None:
+            print(f"launch local: not starting the driver: {reason}", file=out)
             return 1
         print(f"launch local: {shlex.join(plan.driver)}", file=out, flush=True)
-        driver = subprocess.Popen(plan.driver, env=env)
+        # its own process group: Ctrl-C reaches this launcher, which sends TERM (a checkpoint)
+        driver = subprocess.Popen(plan.driver, env=env, process_group=0)
         while driver.poll() is None:
-            dead = next((s for s, p in running if p.poll() is not None), None)
-            if dead is not None or stop_asked:
-                if dead is not None:
-                    print(f"launch local: {dead.name} ended before the driver", file=out)
-                driver.send_signal(signal.SIGTERM)  # it checkpoints, then exits
+            reason = why_stop()
+            if reason is not None:
+                print(f"launch local: {reason}: stopping the driver with a checkpoint", file=out)
+                driver.send_signal(signal.SIGTERM)
                 try:
                     driver.wait(timeout=600)
                 except subprocess.TimeoutExpired:
                     driver.kill()
-                return 1 if dead is not None else driver.wait()
+                return 1 if not stop_asked else driver.wait()
             time.sleep(0.5)
         return driver.returncode
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         _stop(running)
+        token_path.unlink(missing_ok=True)
+        _keep_ray_logs(plan)
         shutil.rmtree(plan.ray_tmp, ignore_errors=True)
+        for s, handler in previous.items():  # last: a second Ctrl-C cannot cut the stop short
+            signal.signal(s, handler)
 
 
 def _stop(running: list[tuple[Service, subprocess.Popen[bytes]]]) -> None:
+    """TERM to every service's process group, then KILL to whatever of it is left."""
     for _, proc in reversed(running):
-        if proc.poll() is None:
-            proc.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
     end = time.monotonic() + 30
     for _, proc in running:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # children left in the group
+        proc.wait()
+
+
+def _keep_ray_logs(plan: LocalPlan) -> None:
+    """The Ray session's logs (the actors' output) into ``local/ray-session/`` before the
+    session folder goes; the run's ``logs/ray`` link follows them."""
+    logs = Path(plan.ray_tmp) / "session_latest" / "logs"
+    if not logs.is_dir():
+        return
+    kept = plan.log_dir / "ray-session"
+    shutil.rmtree(kept, ignore_errors=True)
+    shutil.move(str(logs.resolve()), kept)
+    link = plan.run_dir / "logs" / "ray"
+    if link.is_symlink():
+        link.unlink()
+        link.symlink_to(kept, target_is_directory=True)

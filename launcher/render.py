@@ -41,14 +41,14 @@ def render_sbatch(plan: JobPlan, paths: JobPaths, template: str = "slurm.sbatch.
     ports = {
         "first": PORT_FIRST, "stride": PORT_STRIDE, "blocks": PORT_BLOCKS, "offsets": PORT_OFFSETS,
     }  # fmt: skip
-    wrap = _wrap(plan, paths)
+    wrap, wrap_cpu = _wrap(plan, paths, gpus=True), _wrap(plan, paths, gpus=False)
     if plan.container == "pyxis":  # pyxis works through srun only: a one-task step on the head
         on_batch_host = (
             "srun --het-group=0 --nodes=1 --ntasks=1 --overlap "
-            f'-J wait -w "$HEAD_NODE" {wrap.srun_options}'
+            f'-J wait -w "$HEAD_NODE" {wrap_cpu.srun_options}'
         )
     else:
-        on_batch_host = wrap.prefix
+        on_batch_host = wrap_cpu.prefix
     return env.get_template(template).render(
         plan=plan,
         run_dir=paths.run_dir,
@@ -56,6 +56,7 @@ def render_sbatch(plan: JobPlan, paths: JobPaths, template: str = "slurm.sbatch.
         log_dir=paths.log_dir,
         batch_dir=paths.workdir if plan.container == "none" else paths.run_dir,
         w=wrap,
+        w_cpu=wrap_cpu,
         on_batch_host=on_batch_host,
         docker_env_pattern=DOCKER_ENV_PATTERN,
         all_groups=groups,
@@ -63,14 +64,14 @@ def render_sbatch(plan: JobPlan, paths: JobPaths, template: str = "slurm.sbatch.
     )
 
 
-def _wrap(plan: JobPlan, paths: JobPaths) -> StepWrap:
+def _wrap(plan: JobPlan, paths: JobPaths, *, gpus: bool) -> StepWrap:
     mounts = [f"{paths.run_dir}:{paths.run_dir}"]
     if not paths.log_dir.startswith(paths.run_dir.rstrip("/") + "/"):
         mounts.append(f"{paths.log_dir}:{paths.log_dir}")
     mounts += plan.container_mounts
     return step_wrap(
         plan.container, plan.image, plan.accelerator, tuple(mounts),
-        host_python=paths.python, host_workdir=paths.workdir,
+        host_python=paths.python, host_workdir=paths.workdir, gpus=gpus,
     )  # fmt: skip
 
 

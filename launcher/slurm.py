@@ -58,7 +58,8 @@ def prepare(
     (everything is rendered first: a failure leaves no partial folder). ``torchrun``: the
     learner-only job (``rstar2 sft`` under torchrun) instead of the Ray job of a run."""
     plan = plan_torchrun_job(cfg) if torchrun else plan_job(cfg)
-    run_dir = (Path(cfg.runs_dir) / cfg.name).resolve()
+    # an SFT job's folder is not the RL run's (a later `launch slurm` would resume it)
+    run_dir = (Path(cfg.runs_dir) / (f"{cfg.name}-sft" if torchrun else cfg.name)).resolve()
     folder = next_attempt(run_dir)
     log_dir = Path(cfg.launch.log_dir).resolve() if cfg.launch.log_dir else folder / "logs"
     paths = JobPaths(

@@ -37,11 +37,21 @@ def missing_nodes(
     ]
 
 
-def _poll(ready: Callable[[], str | None], timeout_s: float, what: str) -> int:
-    """Call ``ready`` (None when up, else what is missing) until it is up or the deadline."""
+Abort = Callable[[], str | None]  # why to stop waiting now (a service died, a stop was asked)
+
+
+def _poll(
+    ready: Callable[[], str | None], timeout_s: float, what: str, abort: Abort | None = None
+) -> int:
+    """Call ``ready`` (None when up, else what is missing) until it is up, the deadline, or
+    ``abort`` gives a reason."""
     end = time.monotonic() + timeout_s
     delay = 0.2
     while True:
+        reason = abort() if abort is not None else None
+        if reason is not None:
+            print(f"wait_for: stopped waiting for {what}: {reason}", file=sys.stderr)
+            return 1
         try:
             missing = ready()
         except Exception as e:
@@ -64,7 +74,11 @@ def _ray(address: str, expect: list[str], timeout_s: float) -> int:
 
 
 def wait_ray(
-    address: str, expected: dict[str, list[str]], ips: dict[str, str], timeout_s: float
+    address: str,
+    expected: dict[str, list[str]],
+    ips: dict[str, str],
+    timeout_s: float,
+    abort: Abort | None = None,
 ) -> int:
     """0 once every node of ``expected`` (role -> node names; ``ips``: each name's address) is
     alive in the Ray cluster at ``address`` with its role's resource; 1 past ``timeout_s``."""
@@ -72,10 +86,14 @@ def wait_ray(
 
     start = time.monotonic()
     host, port = address.rsplit(":", 1)
-    if _poll(lambda: _tcp(host, int(port)), timeout_s, f"the Ray head at {address}"):
+    if _poll(lambda: _tcp(host, int(port)), timeout_s, f"the Ray head at {address}", abort):
         return 1  # ray.init would wait for a head that is not there far past the deadline
     timeout_s -= time.monotonic() - start
-    ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+    except ConnectionError as e:
+        print(f"wait_for: Ray at {address}: {e}", file=sys.stderr)
+        return 1
     try:
         return _poll(
             lambda: (
@@ -84,14 +102,15 @@ def wait_ray(
             ),
             timeout_s,
             f"Ray at {address}",
+            abort,
         )
     finally:
         ray.shutdown()
 
 
-def wait_http(url: str, timeout_s: float) -> int:
+def wait_http(url: str, timeout_s: float, abort: Abort | None = None) -> int:
     """0 once ``url`` answers 200; 1 past ``timeout_s`` (the error printed names it)."""
-    return _poll(lambda: _http(url), timeout_s, url)
+    return _poll(lambda: _http(url), timeout_s, url, abort)
 
 
 def _tcp(host: str, port: int) -> str | None:

@@ -429,6 +429,11 @@ def _cmd_launch_local(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     plan = plan_local(cfg, args.config, list(args.overrides))  # ConfigError: nothing started
+    if plan.resumes:
+        print(
+            f"note: {plan.run_dir} already holds a run: the driver resumes it with that run's "
+            "own config.json (this config and its overrides only place it)"
+        )
     if args.dry_run:
         for service in plan.services:
             env = " ".join(f"{k}={v}" for k, v in service.env.items())

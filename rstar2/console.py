@@ -36,6 +36,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from rstar2.config import ConfigError
+from rstar2.data.schema import DataError
+
 THIRD_PARTY_LOG = "third_party.log"
 # the logs folder of the command running, for link_logs (inherited by our child processes)
 LOGS_DIR_ENV = "RSTAR2_LOGS_DIR"
@@ -58,8 +61,9 @@ def run_console(logs_dir: Path, *, own_packages: Iterable[str] = OWN_PACKAGES) -
     try:
         with _routed(log_path, frozenset(own_packages)) as header_bytes:
             yield log_path
-    except Exception:  # its traceback may end "see root cause above": that is in the log
-        if not _removed_if_empty(log_path, header_bytes, made):
+    except Exception as exc:  # its traceback may end "see root cause above": that is in the log
+        user_error = isinstance(exc, ConfigError | DataError)  # one line, printed by the CLI
+        if not _removed_if_empty(log_path, header_bytes, made) and not user_error:
             print(f"rstar2: stopped by an error; library logs in {log_path}", file=sys.stderr)
         raise
     else:
@@ -171,9 +175,9 @@ class _Console(io.TextIOWrapper):
     def retire(self, after: TextIO) -> None:
         """Close the fd copy; a handler that took this stream as sys.stdout / sys.stderr (vLLM's,
         configured in the block) writes to ``after`` from now on, not to a closed file."""
+        self._after = after  # first: a thread writing meanwhile never meets a closed file
         super().flush()
         self.close()
-        self._after = after
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ several ranks run it (``torchrun``; gloo on CPU, NCCL/RCCL on GPU).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -400,6 +401,8 @@ def _unit_of(name: str) -> str:
 def _pick_device(choice: str, rank: int) -> torch.device:
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
-    index = rank % max(torch.cuda.device_count(), 1)
+    # the launcher's node-local rank (torchrun, the Ray group) where it says; else by rank
+    local = os.environ.get("LOCAL_RANK")
+    index = int(local) if local is not None else rank % max(torch.cuda.device_count(), 1)
     torch.cuda.set_device(index)
     return torch.device("cuda", index)

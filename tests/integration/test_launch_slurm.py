@@ -172,7 +172,7 @@ def test_a_torchrun_job_trains_one_learner_over_two_nodes(
     assert "rstar2 sft exited with 0" in out, out[-3000:]
     logs = attempt / "logs" / "restart_0"
     assert len(list(logs.glob("sft-*.log"))) == 2  # one torchrun agent per node
-    run = tmp_path / "runs" / "sft-torchrun"
+    run = tmp_path / "runs" / "sft-torchrun-sft"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").open()]
     assert len(rows) == 3 and rows[-1]["nll"] < rows[0]["nll"]
     assert (run / "model" / "model.safetensors").is_file()

@@ -81,6 +81,12 @@ for _mode, _image in _IMAGES.items():
         [*CASES["one-node"][1], f"launch.container={_mode}", f"launch.image={_image}",
          "launch.container_mounts=[/models:/models]"],
     )  # fmt: skip
+# NVIDIA nodes in docker, with CPU sandbox nodes: GPU devices on the GPU steps only
+CASES["hetjob-cuda-docker"] = (
+    PAPER,
+    [*CASES["paper-8x8-mi300x-sandbox-hetjob"][1], "cluster.accelerator=cuda",
+     "launch.container=docker", "launch.image=rstar2:cuda"],
+)  # fmt: skip
 TORCHRUN_CASES["torchrun-2x8-mi300x-pyxis"] = (
     PAPER,
     [*TORCHRUN_CASES["torchrun-2x8-mi300x"][1], "launch.container=pyxis",
@@ -248,3 +254,17 @@ def test_missing_nodes_names_each_node_not_yet_in_ray_with_its_role() -> None:
     ]
     expected = {"learner": ["gpu1", "gpu2"], "sandbox": ["cpu1"]}
     assert missing_nodes(expected, ips, alive) == ["learner:gpu2", "sandbox:cpu1"]
+
+
+def test_docker_steps_get_gpus_on_gpu_nodes_only() -> None:
+    lines = [x for x in _render("hetjob-cuda-docker").splitlines() if "docker run" in x]
+    gpu = {"launcher.ray_node --role learner", "rstar2.cli"}
+    cpu = {"launcher.preflight", "launcher.sandbox_node", "launcher.ray_node --role sandbox",
+           "launcher.wait_for"}  # fmt: skip
+    seen = set()
+    for line in lines:
+        step = next(s for s in gpu | cpu if s in line)
+        seen.add(step)
+        assert ("--gpus=all" in line) == (step in gpu), line
+        assert '--user="$(id -u):$(id -g)"' in line and "$(docker_env)" in line
+    assert seen == gpu | cpu

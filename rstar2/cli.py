@@ -132,24 +132,18 @@ def _build_parser() -> argparse.ArgumentParser:
 
     launch = sub.add_parser("launch", help="start a run on a cluster")
     launch_sub = launch.add_subparsers(metavar="WHERE")
-    slurm = launch_sub.add_parser(
-        "slurm", help="render the run's Slurm job (RUNS_DIR/NAME/attempt_K) and submit it"
-    )
-    _add_config_args(slurm)
-    slurm.add_argument(
-        "--dry-run", action="store_true", help="render and print the sbatch command only"
-    )
-    slurm.set_defaults(handler=_cmd_launch_slurm, torchrun=False)
-    torchrun = launch_sub.add_parser(
-        "torchrun",
-        help="render a learner-only Slurm job (rstar2 sft under torchrun, one rank per GPU of "
-        "the launch.learner nodes) and submit it",
-    )
-    _add_config_args(torchrun)
-    torchrun.add_argument(
-        "--dry-run", action="store_true", help="render and print the sbatch command only"
-    )
-    torchrun.set_defaults(handler=_cmd_launch_slurm, torchrun=True)
+    jobs = {
+        "slurm": "render the run's Slurm job (RUNS_DIR/NAME/attempt_K) and submit it",
+        "torchrun": "render a learner-only Slurm job (rstar2 sft under torchrun, one rank per "
+        "GPU of the launch.learner nodes) and submit it",
+    }
+    for name, help_text in jobs.items():
+        job = launch_sub.add_parser(name, help=help_text)
+        _add_config_args(job)
+        job.add_argument(
+            "--dry-run", action="store_true", help="render and print the sbatch command only"
+        )
+        job.set_defaults(handler=_cmd_launch_slurm, torchrun=name == "torchrun")
     local = launch_sub.add_parser(
         "local",
         help="the Slurm job's role layout on this machine (Redis, sandbox service, Ray head "

@@ -12,22 +12,7 @@ from pathlib import Path
 
 from tests.conftest import REPO
 from tests.helpers.launch_config import launch_config
-
-
-def _ours(marker: str) -> list[str]:
-    """Live processes whose command line holds ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if marker in cmd and state not in ("Z", "X"):
-            found.append(cmd[:120])
-    return found
+from tests.helpers.processes import live_commands
 
 
 def test_launch_local_runs_the_roles_on_this_machine_and_leaves_nothing(tmp_path: Path) -> None:
@@ -60,7 +45,7 @@ def test_launch_local_runs_the_roles_on_this_machine_and_leaves_nothing(tmp_path
     # the Redis of the two-node sandbox layout served the calls (its append-only file)
     assert list((run / "local" / "sandbox" / "redis").glob("**/*.aof*"))
     end = time.monotonic() + 30
-    while (left := _ours(str(run)) + _ours("rstar2-ray-local-")) and time.monotonic() < end:
+    while (left := live_commands(str(run), "rstar2-ray-local-")) and time.monotonic() < end:
         time.sleep(0.5)
     assert left == []
     assert not list(Path("/tmp").glob("rstar2-ray-local-*"))

@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.helpers.launch_config import launch_config, sft_launch_config
+from tests.helpers.processes import live_commands
 from tests.helpers.slurm_cluster import SlurmCluster, skip_reason, slurm_cluster
 
 pytestmark = pytest.mark.skipif(bool(skip_reason()), reason=skip_reason() or "")
@@ -61,19 +62,8 @@ def _wait_gone(cluster: SlurmCluster, job: str, deadline_s: float) -> float:
 
 
 def _leftovers(job: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in ("Z", "X") and any(name in cmd for name in LEFTOVERS):
-            found.append(cmd[:120])
     sessions = [p.name for p in Path("/tmp").glob(f"rstar2-ray-{job}-*")]
-    return found + sessions
+    return live_commands(*LEFTOVERS) + sessions
 
 
 def _settled(job: str, deadline_s: float = 30) -> list[str]:

@@ -159,6 +159,16 @@ def _build_parser() -> argparse.ArgumentParser:
     add_eval_arguments(ev)
     ev.set_defaults(handler=_cmd_eval)
 
+    doctor = sub.add_parser(
+        "doctor",
+        help="check this machine or image: versions, GPUs, imports, services (exit 1 on a "
+        "failed required check)",
+    )
+    from rstar2.doctor.command import add_arguments as add_doctor_arguments
+
+    add_doctor_arguments(doctor)
+    doctor.set_defaults(handler=_cmd_doctor)
+
     demo = sub.add_parser(
         "demo",
         help="the embedded CPU job: resolve the config into a run folder, prepare its data, "
@@ -450,6 +460,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         args.out = Path("runs") / f"eval-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     with run_console(args.out / "logs"):  # the closing line names the folder
         return asyncio.run(run_eval_command(args))
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from rstar2.doctor.command import main as doctor
+
+    return doctor(args)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -33,11 +33,11 @@ the host's but for keyrings (no broader seccomp profile). A reused /tmp tells a 
 inodes the calls before it created (a counter, not content).
 
 Fails closed: where a layer cannot be applied (not root, no namespaces, Python's path on /tmp
-itself), :class:`SandboxPool` ``start()`` raises ``IsolationUnavailable`` naming it, and
-``sandbox-pool serve`` / ``worker`` refuse to start with that one line, unless weak isolation
-is accepted explicitly (``allow_weak_isolation`` / ``--unsafe-weak-isolation``): then calls run
-with limits, a scrubbed environment and a temp dir each, but may see the host's /tmp and each
-other.
+itself, a chrooted service whose calls' namespaces would leave the chroot), :class:`SandboxPool`
+``start()`` raises ``IsolationUnavailable`` naming it, and ``sandbox-pool serve`` / ``worker``
+refuse to start with that one line, unless weak isolation is accepted explicitly
+(``allow_weak_isolation`` / ``--unsafe-weak-isolation``): then calls run with limits, a scrubbed
+environment and a temp dir each, but may see the host's /tmp and each other.
 
 The names below are imported lazily, so that the zygote (``python -m sandbox_pool.zygote``)
 stays small: its memory is what every fork copies.

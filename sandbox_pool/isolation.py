@@ -97,6 +97,12 @@ def enter_zygote_namespace(expose: list[tuple[str, tuple[str, ...]]]) -> list[st
     """
     if not is_root():
         return ["a private mount namespace (needs root)"]
+    if chrooted():
+        return [
+            "a mount namespace rooted where the service runs (it runs chrooted, e.g. under "
+            "buildah's chroot isolation: entering a call's namespace would leave the chroot for "
+            "the host's root; run it in a container runtime that gives it its own mount namespace)"
+        ]
     if _libc.unshare(CLONE_NEWNS) != 0:
         return ["a private mount namespace (unshare failed)"]
     if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
@@ -115,6 +121,31 @@ def enter_zygote_namespace(expose: list[tuple[str, tuple[str, ...]]]) -> list[st
     if _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, b"hidepid=2") != 0:
         missing.append("/proc with hidepid=2")
     return missing
+
+
+def chrooted() -> bool:
+    """Whether this process's root is not its mount namespace's root (a chroot).
+
+    Joining a mount namespace (setns) moves a process to that namespace's root, so a chrooted
+    zygote would put its calls, and itself, on the host's root. Checked by a child that joins
+    this same namespace and compares "/" before and after. Needs root.
+    """
+    here = os.stat("/")
+    ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                if _libc.setns(ns_fd, CLONE_NEWNS) != 0:
+                    os._exit(2)  # not known; the namespace layers report their own failure
+                root = os.stat("/")
+                os._exit(0 if (root.st_dev, root.st_ino) == (here.st_dev, here.st_ino) else 1)
+            except BaseException:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(ns_fd)
+    return os.waitstatus_to_exitcode(status) == 1
 
 
 def tmp_keeps() -> tuple[str, ...]:

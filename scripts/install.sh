@@ -20,13 +20,18 @@ fi
 # `import transformers` next to the CPU torch; nothing in rstar2 needs them (../shared/notes).
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 
-# the test services: Redis, and a Slurm (daemons, clients, munge) that the launcher tests start
-# as a 3-node cluster under a temp dir (tests/helpers/slurm_cluster.py)
+# the test services and tools: Redis, and a Slurm (daemons, clients, munge) that the launcher
+# tests start as a 3-node cluster under a temp dir (tests/helpers/slurm_cluster.py)
 if [[ "$with_dev" == 1 ]]; then
   missing=()
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
   PATH="$PATH:/usr/sbin" command -v slurmctld >/dev/null 2>&1 \
     || missing+=(slurmctld slurmd slurm-client munge)
+  # the sandbox image's build-and-run test: buildah (with crun and containers-common's seccomp
+  # profile) and debootstrap for a local Debian base (tests/helpers/oci.py)
+  command -v buildah >/dev/null 2>&1 || missing+=(buildah)
+  command -v crun >/dev/null 2>&1 || missing+=(crun)
+  PATH="$PATH:/usr/sbin" command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
   if (( ${#missing[@]} )); then
     if command -v apt-get >/dev/null 2>&1; then
       SUDO=""; [[ "$(id -u)" != 0 ]] && SUDO="sudo"

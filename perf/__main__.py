@@ -1,4 +1,5 @@
-"""``python -m perf COMMAND``: ``run`` the suite (perf/run.py), ``readme`` (perf/readme.py)."""
+"""``python -m perf COMMAND``: ``run`` the suite and ``report`` a run again (perf/run.py),
+``readme`` (perf/readme.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import sys
 
 USAGE = (
     "usage: python -m perf run [--quick] [--gpu] [--only NAME ...] [--compare FILE] [--out DIR]\n"
+    "       python -m perf report RESULTS.json\n"
     "       python -m perf readme [--check]"
 )
 
@@ -16,6 +18,10 @@ def main(argv: list[str]) -> int:
         from perf.run import main as run
 
         return run(argv[1:])
+    if command == "report":
+        from perf.run import rerender
+
+        return rerender(argv[1:])
     if command == "readme":
         from perf.readme import main as readme
 

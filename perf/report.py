@@ -26,7 +26,8 @@ def plots(run: dict[str, Any], out_dir: Path) -> list[Path]:
             if key.endswith("/c1") and row.get("cdf_ms"):
                 cdf = row["cdf_ms"]
                 ys = [i / (len(cdf) - 1) for i in range(len(cdf))]
-                ax.plot(cdf, ys, label=key.removesuffix("/c1"), drawstyle="steps-post")
+                label = key.removesuffix("/c1").replace("baseline/", "python3 per call/")
+                ax.plot(cdf, ys, label=label, drawstyle="steps-post")
         ax.set_xscale("log")
         ax.set_xlabel("latency per call (ms, log scale), one call at a time")
         ax.set_ylabel("fraction of calls")
@@ -52,13 +53,19 @@ def plots(run: dict[str, Any], out_dir: Path) -> list[Path]:
     if results.get("learner"):
         learner = results["learner"]
         bars[f"torch ({learner['device']}, {learner['model']})"] = learner["tokens_per_s"]
-    for name, row in (results.get("learner_backends") or {}).get("results", {}).items():
+    backends = results.get("learner_backends") or {}
+    mfu: dict[str, float] = {}
+    for name, row in backends.get("results", {}).items():
         bars[name] = row["tokens_per_s"]
+        mfu[name] = row["mfu"]
     if bars:
         fig, ax = plt.subplots(figsize=(7, 4))
-        ax.bar(list(bars), list(bars.values()), color="#55a868")
+        drawn = ax.bar(list(bars), list(bars.values()), color="#55a868")
+        ax.bar_label(drawn, labels=[f"MFU {mfu[n]:.0%}" if n in mfu else "" for n in bars])
+        ax.margins(y=0.12)
         ax.set_ylabel("tokens/s")
-        ax.set_title("learner throughput per backend")
+        where = f": {backends['model']}, {backends['device']}" if backends else ""
+        ax.set_title(f"learner throughput per backend{where}")
         plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
         made.append(_save(fig, out_dir / "learner-tokens-per-s.png"))
     return made

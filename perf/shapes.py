@@ -1,5 +1,10 @@
-"""Model shapes the GPU benchmarks build (no rstar2 import: the lent GPU machine runs the
-benchmarks that need only torch and transformers without installing rstar2's dependencies)."""
+"""Model shapes the benchmarks build and the capacity plan counts (no torch or rstar2 import:
+the lent GPU machine runs the benchmarks that need only torch and transformers without
+installing rstar2's dependencies)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
 
 QWEN3_1_7B = {
     "hidden_size": 2048,
@@ -13,3 +18,39 @@ QWEN3_1_7B = {
     "max_position_embeddings": 40960,
     "rope_theta": 1000000.0,
 }
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """A dense decoder's dimensions: what FLOPs, KV bytes and weight bytes need."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """bf16 K and V of every layer."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+
+    @property
+    def matmul_params(self) -> int:
+        """The parameters of every matmul, lm_head included (embeddings are lookups)."""
+        qkv = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
+        out = self.heads * self.head_dim * self.hidden
+        mlp = 3 * self.hidden * self.intermediate
+        return self.layers * (qkv + out + mlp) + self.vocab * self.hidden
+
+    @property
+    def weight_params(self) -> int:
+        """Every weight, untied input embeddings included (norms left out: a rounding error)."""
+        return self.matmul_params + self.vocab * self.hidden
+
+    def train_flops_per_token(self, context: float) -> float:
+        """6 x matmul parameters + causal attention at mean ``context`` (as perf/learner.py)."""
+        attention = 2 * self.layers * self.heads * self.head_dim * context / 2
+        return 6 * self.matmul_params + 6 * attention

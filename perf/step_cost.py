@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -42,30 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from perf.record import commit, hardware
-
-
-@dataclass(frozen=True)
-class DecoderShape:
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """bf16 K and V of every layer."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * 2
-
-    @property
-    def weight_params(self) -> int:
-        qkv = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
-        out = self.heads * self.head_dim * self.hidden
-        mlp = 3 * self.hidden * self.intermediate
-        return self.layers * (qkv + out + mlp) + 2 * self.vocab * self.hidden
-
+from perf.shapes import DecoderShape
 
 SHAPES = {
     # Qwen2.5-14B, the simulator's default engine model

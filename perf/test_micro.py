@@ -14,6 +14,7 @@ import asyncio
 import json
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -26,18 +27,18 @@ from rstar2.reward.verify import verify_answer
 from scheduler.core import Scheduler, SchedulerSettings
 
 
-def test_reward_verification(benchmark):
+def test_reward_verification(benchmark: Any) -> None:
     verify_answer("1/2", "0.5")  # warm math-verify's parsers
     assert benchmark(verify_answer, "\\frac{3}{6}", "0.5") is True
 
 
-def test_roc_selection_and_advantages(benchmark):
+def test_roc_selection_and_advantages(benchmark: Any) -> None:
     groups = _groups(64, 32, random.Random(0))
     kept = benchmark(_select_and_advantage, groups, DownSamplingConfig(down_sample_to_n=16))
     assert 0 < kept <= 64 * 16  # at most 16 per group; equal-reward groups dropped
 
 
-def test_one_scheduling_decision(benchmark):
+def test_one_scheduling_decision(benchmark: Any) -> None:
     """One turn boundary and the placement it allows, 8 engines x 2,000 live trajectories."""
     sched = Scheduler([2_000_000] * 8, SchedulerSettings(policy="kv_affinity"))
     rng = random.Random(0)
@@ -59,7 +60,7 @@ def test_one_scheduling_decision(benchmark):
     assert running  # every finished turn was placed again or waits; none was lost
 
 
-def test_packing(benchmark):
+def test_packing(benchmark: Any) -> None:
     rng = random.Random(0)
     batch = []
     for _ in range(64):
@@ -75,7 +76,7 @@ def test_packing(benchmark):
     assert benchmark(pack_all) == sum(len(s.token_ids) for s in batch)
 
 
-def test_tool_call_parsing(benchmark):
+def test_tool_call_parsing(benchmark: Any) -> None:
     body = json.dumps(
         {"name": "python_code_with_standard_io", "arguments": {"code": "print(1+1)\n" * 20}}
     )
@@ -96,7 +97,7 @@ def pool() -> Iterator[tuple[asyncio.AbstractEventLoop, object]]:
     loop.close()
 
 
-def test_zygote_fork_call(benchmark, pool):
+def test_zygote_fork_call(benchmark: Any, pool: tuple[asyncio.AbstractEventLoop, object]) -> None:
     """One isolated call end to end: a child forked ahead from the warm zygote runs
     ``print(1+1)``, is reaped, and the next child is forked."""
     from sandbox_pool import ExecRequest, SandboxPool

@@ -151,8 +151,14 @@ def sandbox_reachable(url: str) -> Check:
 
 def ray_cluster(address: str) -> Check:
     def probe() -> Check:
+        import socket
+
         import ray
 
+        host, _, port = address.rpartition(":")
+        if host and port.isdigit():  # ray.init waits long for a head that is not there
+            with socket.create_connection((host, int(port)), timeout=5):
+                pass
         ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         try:
             resources = ray.cluster_resources()

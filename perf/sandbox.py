@@ -116,36 +116,38 @@ def _calls_for(workload: str, conc: int, base: int) -> int:
     if workload == "cpu_0.2s":
         return max(conc, base // 10)
     if workload.startswith("sympy"):
-        return max(conc, base // 4)
+        return max(conc * 4, base // 4)
     return max(conc * 2, base)
 
 
 async def _bench(
-    system: str,
-    run: Runner,
+    systems: dict[str, Runner],
     base_calls: int,
     rows: dict[str, Any],
-    settle: Callable[[], Awaitable[None]] | None = None,
+    settle: Callable[[], Awaitable[None]],
     workloads: list[str] | None = None,
     concurrency: tuple[int, ...] = CONCURRENCY,
 ) -> None:
+    """Every (workload, concurrency) cell on every system back to back, so a cell's ratios
+    compare measurements taken under the same load on this shared machine."""
     for workload in workloads or list(WORKLOADS):
         code = WORKLOADS[workload]
-        await run(code)  # warm
+        for run in systems.values():
+            await run(code)  # warm
         for conc in concurrency:
-            if settle is not None:
+            for system, run in systems.items():
                 await settle()  # every cell starts from a full stock of ready children
-            n = _calls_for(workload, conc, base_calls)
-            if system == "baseline":
-                n = max(conc, n // 4)  # it is slow; fewer calls give the same rates
-            stats = await _measure(run, code, EXPECTED[workload], n, conc)
-            rows[f"{system}/{workload}/c{conc}"] = stats
-            print(
-                f"{system:<9} {workload:<13} c={conc:<3} p50 {stats['p50_ms']:>8.2f} ms  "
-                f"p99 {stats['p99_ms']:>8.2f} ms  {stats['throughput_per_s']:>7.1f}/s  "
-                f"failures {stats['failures']}",
-                flush=True,
-            )
+                n = _calls_for(workload, conc, base_calls)
+                if system == "baseline":
+                    n = max(conc * 4, n // 4)  # slow: fewer calls, but 4 rounds of conc
+                stats = await _measure(run, code, EXPECTED[workload], n, conc)
+                rows[f"{system}/{workload}/c{conc}"] = stats
+                print(
+                    f"{system:<9} {workload:<13} c={conc:<3} p50 {stats['p50_ms']:>8.2f} ms  "
+                    f"p99 {stats['p99_ms']:>8.2f} ms  {stats['throughput_per_s']:>7.1f}/s  "
+                    f"failures {stats['failures']}",
+                    flush=True,
+                )
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -160,20 +162,22 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     cfg = PoolConfig(num_workers=0)
     async with SandboxPool(cfg) as pool:
         await pool.wait_warm()
+        runners: dict[str, Runner] = {}
         if "embedded" in systems:
-            await _bench("embedded", pool.run, args.calls, rows, pool.wait_warm, **bench)
-        if "http" in systems:
-            server = SandboxServer(pool, ServerConfig(max_pending=4096))
-            runner = web.AppRunner(server.build_app(), access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = runner.addresses[0][1]
-            async with SandboxClient(f"http://127.0.0.1:{port}", ClientConfig()) as client:
-                await _bench("http", client.run, args.calls, rows, pool.wait_warm, **bench)
-            await runner.cleanup()
-    if "baseline" in systems:
-        await _bench("baseline", _baseline, args.calls, rows, **bench)
+            runners["embedded"] = pool.run
+        server = SandboxServer(pool, ServerConfig(max_pending=4096))
+        runner = web.AppRunner(server.build_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        async with SandboxClient(f"http://127.0.0.1:{port}", ClientConfig()) as client:
+            if "http" in systems:
+                runners["http"] = client.run
+            if "baseline" in systems:
+                runners["baseline"] = _baseline
+            await _bench(runners, args.calls, rows, pool.wait_warm, **bench)
+        await runner.cleanup()
 
     ratios = {}
     for key, row in rows.items():

@@ -15,25 +15,47 @@ def plots(run: dict[str, Any], out_dir: Path) -> list[Path]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
     except ImportError:
         return []
     results = {name: b["result"] for name, b in run["benchmarks"].items() if b.get("result")}
     made = []
     sandbox = results.get("sandbox")
     if sandbox:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for key, row in sorted(sandbox["rows"].items()):
-            if key.endswith("/c1") and row.get("cdf_ms"):
-                cdf = row["cdf_ms"]
-                ys = [i / (len(cdf) - 1) for i in range(len(cdf))]
-                label = key.removesuffix("/c1").replace("baseline/", "python3 per call/")
-                ax.plot(cdf, ys, label=label, drawstyle="steps-post")
-        ax.set_xscale("log")
-        ax.set_xlabel("latency per call (ms, log scale), one call at a time")
-        ax.set_ylabel("fraction of calls")
-        ax.set_title("sandbox latency CDF: embedded pool, HTTP, fresh python3")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
+        cells = [
+            (k, r)
+            for k, r in sorted(sandbox["rows"].items())
+            if k.endswith("/c1") and r.get("cdf_ms")
+        ]
+        workloads = sorted({k.split("/")[1] for k, _ in cells})
+        colors = {"embedded": "#4c72b0", "http": "#55a868", "baseline": "#c44e52"}
+        names = {"embedded": "embedded pool", "http": "HTTP", "baseline": "fresh python3"}
+        fig, axes = plt.subplots(
+            1, len(workloads), figsize=(3.2 * len(workloads), 3.4), squeeze=False
+        )
+        for ax, workload in zip(axes[0], workloads, strict=True):
+            for key, row in cells:
+                system, wl, _ = key.split("/")
+                if wl == workload:
+                    cdf = row["cdf_ms"]
+                    ys = [i / (len(cdf) - 1) for i in range(len(cdf))]
+                    ax.plot(
+                        cdf,
+                        ys,
+                        color=colors.get(system),
+                        label=names.get(system, system),
+                        drawstyle="steps-post",
+                    )
+            low, high = ax.get_xlim()
+            if high > 10 * max(low, 1e-3):  # a log axis only where it spans a decade
+                ax.set_xscale("log")
+                ax.xaxis.set_minor_formatter(NullFormatter())  # labels would overlap
+            ax.set_title(workload, fontsize=10)
+            ax.set_xlabel("ms per call")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("fraction of calls")
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle("sandbox latency CDF, one call at a time")
         made.append(_save(fig, out_dir / "sandbox-latency-cdf.png"))
     sim = results.get("rollout_sim")
     if sim:

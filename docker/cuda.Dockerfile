@@ -16,10 +16,11 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /opt/rstar2
 COPY . /opt/rstar2
 # The base's packages (torch, vLLM, triton, ...) are constraints: pip may add packages, never
-# change one the base ships. Transformer Engine is not installed: the megatron learner uses
+# change one the base ships, but for what docker/constraints-gpu.txt pins (Ray: every node of a
+# cluster must run the version rstar2 is tested with). Transformer Engine is not installed: the megatron learner uses
 # megatron-core's local spec (README), and its wheel would compile against the base's torch.
 RUN if [ -n "$HOST_CA_BUNDLE" ]; then export PIP_CERT="$HOST_CA_BUNDLE"; fi \
-    && python3 -m pip list --format=freeze > /tmp/base-constraints.txt \
+    && python3 -m pip list --format=freeze | grep -viE '^ray==' > /tmp/base-constraints.txt \
     && python3 -m pip install --no-cache-dir -c /tmp/base-constraints.txt \
         -c docker/constraints-gpu.txt -e ".[gpu]" \
     && rm /tmp/base-constraints.txt \
@@ -28,8 +29,12 @@ RUN if [ -n "$HOST_CA_BUNDLE" ]; then export PIP_CERT="$HOST_CA_BUNDLE"; fi \
         --require rstar2 torch vllm megatron-core ray transformers -- transformer-engine
 ENV RSTAR2_ACCELERATOR=cuda \
     PYTHONUNBUFFERED=1
-# A non-root default user (rstar2, uid 10001); `docker run --user` and pyxis (the job's user) override it.
-RUN useradd --create-home --shell /bin/bash --uid 10001 --user-group rstar2
+# A non-root default user (rstar2, uid 10001); `docker run --user` and pyxis (the job's user)
+# override it.
+RUN useradd --create-home --shell /bin/bash --uid 10001 --user-group rstar2 \
+    && install -d -o 10001 -g 10001 /workspace
 USER 10001
+# runs/ and caches land here (the code in /opt/rstar2 is root's, read-only to the user)
+WORKDIR /workspace
 ENTRYPOINT []
 CMD ["rstar2", "doctor"]

@@ -17,10 +17,11 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /opt/rstar2
 COPY . /opt/rstar2
 # The base's packages (ROCm torch, vLLM, triton, aiter, ...) are constraints: pip may add
-# packages, never change one the base ships. ROCm Transformer Engine is not built: the megatron
+# packages, never change one the base ships, but for what docker/constraints-gpu.txt pins (Ray:
+# every node of a cluster must run the version rstar2 is tested with). ROCm Transformer Engine is not built: the megatron
 # learner uses megatron-core's local spec (README), so nothing here would import it.
 RUN if [ -n "$HOST_CA_BUNDLE" ]; then export PIP_CERT="$HOST_CA_BUNDLE"; fi \
-    && python3 -m pip list --format=freeze > /tmp/base-constraints.txt \
+    && python3 -m pip list --format=freeze | grep -viE '^ray==' > /tmp/base-constraints.txt \
     && python3 -m pip install --no-cache-dir -c /tmp/base-constraints.txt \
         -c docker/constraints-gpu.txt -e ".[gpu]" \
     && rm /tmp/base-constraints.txt \
@@ -41,9 +42,12 @@ ENV RSTAR2_ACCELERATOR=rocm \
     GPU_MAX_HW_QUEUES=2 \
     TORCH_NCCL_ASYNC_ERROR_HANDLING=3 \
     VLLM_ROCM_USE_AITER=1
-# A non-root default user (rstar2, uid 10001, in the groups that own /dev/kfd and /dev/dri on most hosts; pass the
-# host's own with --group-add); `docker run --user` and pyxis (the job's user) override it.
-RUN useradd --create-home --shell /bin/bash --uid 10001 --user-group --groups video rstar2
+# A non-root default user (rstar2, uid 10001, in the image's video group; the host's video and
+# render gids come with --group-add); `docker run --user` and pyxis (the job's user) override it.
+RUN useradd --create-home --shell /bin/bash --uid 10001 --user-group --groups video rstar2 \
+    && install -d -o 10001 -g 10001 /workspace
 USER 10001
+# runs/ and caches land here (the code in /opt/rstar2 is root's, read-only to the user)
+WORKDIR /workspace
 ENTRYPOINT []
 CMD ["rstar2", "doctor"]

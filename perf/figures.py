@@ -49,9 +49,11 @@ def worse_by(value: float, baseline: float, better: Better) -> float:
     higher-is-better: 90 against 100 is 0.111 worse (the baseline is 11% above it);
     lower-is-better: 110 ms against 100 ms is 0.10 worse.
     """
-    if baseline == 0 or value == 0:
-        return 0.0 if value == baseline else float("inf")
-    return baseline / value - 1 if better == "higher" else value / baseline - 1
+    if value == baseline:
+        return 0.0
+    if better == "higher":
+        return float("inf") if value <= 0 else baseline / value - 1
+    return float("inf") if baseline <= 0 else value / baseline - 1
 
 
 def compare(current: Iterable[Figure], baseline: Iterable[Figure]) -> list[Change]:
@@ -66,8 +68,10 @@ def compare(current: Iterable[Figure], baseline: Iterable[Figure]) -> list[Chang
 
 
 def ratio(name: str, value: float, reference: float, better: Better) -> Figure:
-    """``value / reference`` as a ratio figure (``x``), rounded to 3 places."""
-    return Figure(name, round(value / reference, 3) if reference else 0.0, "x", better, "ratio")
+    """``value / reference`` as a ratio figure (``x``), rounded to 3 places. Raises
+    ZeroDivisionError on a zero reference (the suite then reports the benchmark's figures as
+    failed rather than print a meaningless ratio)."""
+    return Figure(name, round(value / reference, 3), "x", better, "ratio")
 
 
 def table(figures: Sequence[Figure], changes: Sequence[Change] = ()) -> list[str]:

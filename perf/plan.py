@@ -87,6 +87,11 @@ DEFAULTS: dict[str, tuple[float, str, str]] = {
         "scheduler/trace.py paper_like: the paper's response lengths, median ~3K",
     ),
     "tool_latency_s": (0.3, "s", "scheduler/trace.py paper_like: ~0.3 s per tool call"),
+    "tool_response_tokens": (
+        128.0,
+        "tokens",
+        "scheduler/trace.py paper_like and scheduler/sim.py: a tool response's tokens",
+    ),
     "reward_verif_per_s_per_core": (
         300.0,
         "1/s",
@@ -202,6 +207,7 @@ def predict(
             num_engines=cfg.rollout.num_engines,
             kv_tokens=kv,
             max_response_tokens=st.max_response_tokens,
+            default_tool_tokens=int(a["tool_response_tokens"].value),
             cost=cost,
         ),
         SchedulerSettings(policy=cfg.scheduler.policy),
@@ -215,7 +221,8 @@ def predict(
         else cfg.rollout.num_samples_per_prompt
     )
     kept = cfg.data.rollout_batch_num_prompts * per_prompt
-    mean_tokens = statistics.fmean(_train_tokens(r) for r in rows)
+    tool_tokens = int(a["tool_response_tokens"].value)
+    mean_tokens = statistics.fmean(_train_tokens(r, tool_tokens) for r in rows)
     tokens = int(kept * mean_tokens)
     flops = shape.train_flops_per_token(mean_tokens) * tokens
     if cfg.algorithm.recompute_old_logprobs:
@@ -242,9 +249,9 @@ def predict(
     )
 
 
-def _train_tokens(row: TraceRow) -> int:
+def _train_tokens(row: TraceRow, tool_tokens: int) -> int:
     """Prompt, generated and tool-response tokens of one trajectory (what the learner trains)."""
-    tool = sum(t.tool_tokens or 128 for t in row.turns if t.tool_latency_s is not None)
+    tool = sum(t.tool_tokens or tool_tokens for t in row.turns if t.tool_latency_s is not None)
     return row.prompt_tokens + row.response_tokens + tool
 
 
@@ -292,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                 median_response_tokens=int(a["median_response_tokens"].value),
                 max_turns=st.max_turns,
                 tool_latency_s=a["tool_latency_s"].value,
+                tool_tokens=int(a["tool_response_tokens"].value),
                 seed=args.seed,
             )
         )

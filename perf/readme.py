@@ -39,7 +39,8 @@ def latest_runs(folder: Path = RESULTS) -> list[dict[str, Any]]:
             run = json.loads(path.read_text())
         except ValueError:
             continue
-        if isinstance(run, dict) and "figures" in run and not run.get("quick"):
+        whole = not run.get("quick") and not run.get("only") if isinstance(run, dict) else False
+        if whole and "figures" in run:
             run["_file"] = path.name
             runs.append(run)
     chosen = []

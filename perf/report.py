@@ -29,7 +29,7 @@ def plots(run: dict[str, Any], out_dir: Path) -> list[Path]:
         ]
         workloads = sorted({k.split("/")[1] for k, _ in cells})
         colors = {"embedded": "#4c72b0", "http": "#55a868", "baseline": "#c44e52"}
-        names = {"embedded": "embedded pool", "http": "HTTP", "baseline": "fresh python3"}
+        shown = {"embedded": "embedded pool", "http": "HTTP", "baseline": "fresh python3"}
         fig, axes = plt.subplots(
             1, len(workloads), figsize=(3.2 * len(workloads), 3.4), squeeze=False
         )
@@ -43,7 +43,7 @@ def plots(run: dict[str, Any], out_dir: Path) -> list[Path]:
                         cdf,
                         ys,
                         color=colors.get(system),
-                        label=names.get(system, system),
+                        label=shown.get(system, system),
                         drawstyle="steps-post",
                     )
             low, high = ax.get_xlim()

@@ -89,14 +89,14 @@ def run_bench(bench: Bench, quick: bool, log: Path) -> dict[str, Any]:
         done = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     seconds = time.monotonic() - start
     lines = [x for x in log.read_text().splitlines() if x.startswith("{")]
+    failed = {"status": f"failed (exit {done.returncode}, log {log})", "seconds": seconds}
     if done.returncode != 0 or not lines:
-        return {"status": f"failed (exit {done.returncode}, log {log})", "seconds": seconds}
-    return {
-        "status": "ok",
-        "seconds": seconds,
-        "command": command[2:],
-        "result": json.loads(lines[-1]),
-    }
+        return failed
+    try:
+        result = json.loads(lines[-1])
+    except ValueError:
+        return {**failed, "status": f"failed (its last JSON line does not parse, log {log})"}
+    return {"status": "ok", "seconds": seconds, "command": command[2:], "result": result}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.date.today().isoformat(),
         "quick": args.quick,
         "gpu": args.gpu,
+        "only": args.only,
+        "argv": sys.argv[1:] if argv is None else list(argv),
         "baseline": str(args.compare) if args.compare else None,
         "benchmarks": {},
     }

@@ -194,11 +194,14 @@ ALL: tuple[Bench, ...] = CPU_SUITE + GPU_SUITE
 
 def select(gpu: bool, quick: bool, only: list[str] | None) -> list[Bench]:
     """The benchmarks a run takes: the CPU suite, or the GPU one; ``only`` narrows either."""
-    chosen = [b for b in (GPU_SUITE if gpu else CPU_SUITE) if not quick or b.quick is not None]
+    suite = GPU_SUITE if gpu else CPU_SUITE
     if only:
-        known = {b.name for b in ALL}
+        known = {b.name for b in suite}
         unknown = sorted(set(only) - known)
         if unknown:
-            raise ValueError(f"unknown benchmark(s) {unknown}; known: {sorted(known)}")
-        chosen = [b for b in ALL if b.name in only]
-    return chosen
+            which = "GPU suite (--gpu)" if gpu else "CPU suite (GPU ones need --gpu)"
+            raise ValueError(
+                f"unknown benchmark(s) {unknown} in the {which}; known: {sorted(known)}"
+            )
+        return [b for b in suite if b.name in only]  # quick arguments where they have them
+    return [b for b in suite if not quick or b.quick is not None]

@@ -56,8 +56,10 @@ def test_one_scheduling_decision(benchmark: Any) -> None:
         running.extend(a.traj_id for a in placed)
         return len(placed)
 
-    assert benchmark(boundary) >= 0
-    assert running  # every finished turn was placed again or waits; none was lost
+    benchmark(boundary)
+    # no trajectory lost: every one is running (placed) or waiting for KV
+    assert len(set(running)) == len(running)
+    assert len(running) + sched.num_waiting == 2000
 
 
 def test_packing(benchmark: Any) -> None:
@@ -87,8 +89,12 @@ def test_tool_call_parsing(benchmark: Any) -> None:
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[tuple[asyncio.AbstractEventLoop, object]]:
+    import os
+
     from sandbox_pool import PoolConfig, SandboxPool
 
+    if os.geteuid() != 0:  # per-call uids and namespaces need root
+        pytest.skip("the isolated fork path needs root")
     loop = asyncio.new_event_loop()
     sandbox = SandboxPool(PoolConfig(num_workers=1))
     loop.run_until_complete(sandbox.start())

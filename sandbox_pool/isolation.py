@@ -60,6 +60,15 @@ _SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(platform.machine())
 _SIGCHLD = 17
 
 
+# the layer a chrooted service lacks; the zygote makes no namespace at all then (joining one
+# would move it, and every call, to the host's root)
+CHROOTED = (
+    "a mount namespace rooted where the service runs (it runs chrooted, e.g. under buildah's "
+    "chroot isolation: entering a call's namespace would leave the chroot for the host's root; "
+    "run it in a container runtime that gives it its own mount namespace)"
+)
+
+
 def fork_into_namespaces(isolated: bool) -> int:
     """Fork; with ``isolated``, the child is PID 1 of new PID and IPC namespaces.
 
@@ -98,11 +107,7 @@ def enter_zygote_namespace(expose: list[tuple[str, tuple[str, ...]]]) -> list[st
     if not is_root():
         return ["a private mount namespace (needs root)"]
     if chrooted():
-        return [
-            "a mount namespace rooted where the service runs (it runs chrooted, e.g. under "
-            "buildah's chroot isolation: entering a call's namespace would leave the chroot for "
-            "the host's root; run it in a container runtime that gives it its own mount namespace)"
-        ]
+        return [CHROOTED]
     if _libc.unshare(CLONE_NEWNS) != 0:
         return ["a private mount namespace (unshare failed)"]
     if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
@@ -131,7 +136,10 @@ def chrooted() -> bool:
     this same namespace and compares "/" before and after. Needs root.
     """
     here = os.stat("/")
-    ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+    try:
+        ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+    except OSError:
+        return False  # no /proc here: the mount namespace layers report their own failure
     try:
         pid = os.fork()
         if pid == 0:

@@ -109,6 +109,8 @@ class Zygote:
         self.root_dir = None
         if not self.isolated:
             self.root_dir = cfg.root_dir or tempfile.mkdtemp(prefix="sandbox-pool-")
+            if self.use_uids:  # the calls' uids must reach their own dirs (not list the others)
+                os.chmod(self.root_dir, 0o711)
         isolation.scrub_environment("/tmp" if self.isolated else str(self.root_dir))
         self.outstanding: dict[int, Child] = {}  # handed to the pool, not released yet
         self.dying: dict[int, Child] = {}  # released (killed by the pool), not reaped yet
@@ -125,6 +127,8 @@ class Zygote:
         missing = [] if self.use_uids else ["per-call uids (uid_base is None)"]
         plan = isolation.python_visibility_plan() if self.use_uids else []
         missing += isolation.enter_zygote_namespace(plan)
+        if isolation.CHROOTED in missing:
+            return missing  # no namespace work: it would put this process on the host's root
         try:
             self.keeps = isolation.tmp_keeps()
         except ValueError as exc:

@@ -42,14 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def wanted(args: argparse.Namespace) -> Wanted:
-    """Required checks: the flags', the config's (when given) and, in an image, its stack."""
+    """Required checks: the flags', the config's (when given) and, in an image, its stack.
+    The accelerator: the flag's, else the config's, else the image's."""
     components = {"torch", *args.require}
     accelerator = args.accelerator
     redis_url, sandbox_url = args.redis, args.sandbox
-    image_accelerator = os.environ.get("RSTAR2_ACCELERATOR")
-    if image_accelerator in ("cuda", "rocm"):
-        components |= IMAGE_COMPONENTS
-        accelerator = accelerator or image_accelerator
     if args.config or args.overrides:
         from rstar2.config_io import load_config
 
@@ -63,6 +60,10 @@ def wanted(args: argparse.Namespace) -> Wanted:
         sandbox = config.sandbox
         redis_url = redis_url or getattr(sandbox, "redis_url", None)
         sandbox_url = sandbox_url or getattr(sandbox, "url", None)
+    image_accelerator = os.environ.get("RSTAR2_ACCELERATOR")
+    if image_accelerator in ("cuda", "rocm"):
+        components |= IMAGE_COMPONENTS
+        accelerator = accelerator or image_accelerator
     return Wanted(
         components=frozenset(components),
         accelerator=accelerator,

@@ -52,8 +52,12 @@ def test_run_writes_results_report_and_plots_and_compare_flags_a_slowdown(tmp_pa
 
     # the same commit again against the first run: the simulator's ratios do not move
     third = _run("--quick", *only, "--out", str(tmp_path / "c"), "--compare", str(results))
+    assert third.returncode == 0, third.stdout + third.stderr
     (again,) = (tmp_path / "c").glob("*.json")
+    rerun_figures = {f["name"] for f in json.loads(again.read_text())["figures"]}
+    assert sim_ratios <= rerun_figures  # compared, each of them
     assert not sim_ratios & set(json.loads(again.read_text())["flagged"]), third.stdout
+    assert "was " in third.stdout
 
 
 def test_a_bad_benchmark_name_is_one_line():

@@ -125,6 +125,17 @@ def test_gpu_images_install_rstar2_as_the_readme_says(path):
     assert readme == ({"docker/constraints-gpu.txt"}, ".[gpu]")
 
 
+@pytest.mark.parametrize("path", GPU_DOCKERFILES, ids=lambda p: p.name)
+def test_gpu_images_let_our_pins_win_over_the_bases_versions(path):
+    """The base's packages become constraints; a package we pin must be left out of them, or
+    pip would get two versions of it (a base that ships another Ray would fail the build)."""
+    run = " ".join(rest for word, rest in _instructions(path) if word == "RUN")
+    for line in CONSTRAINTS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name = Requirement(line).name
+            assert f"grep -viE '^{name}=='" in run, f"{path.name}: {name} is not left out"
+
+
 def test_gpu_pins_are_inside_pyprojects_ranges():
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     gpu = {Requirement(r).name: Requirement(r) for r in extras["optional-dependencies"]["gpu"]}

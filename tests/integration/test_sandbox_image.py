@@ -8,6 +8,7 @@ log is kept in the test's temp folder and printed on failure.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -16,7 +17,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -24,6 +25,7 @@ import pytest
 
 from tests.helpers import oci
 from tests.integration.test_sandbox_http import HOSTILE
+from tests.integration.test_sandbox_redis import _free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = "localhost/rstar2-sandbox:test"
@@ -69,19 +71,18 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[oci.Storage]:
     shutil.rmtree(storage.root, ignore_errors=True)  # vfs keeps a full copy per image: GBs
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_healthy(container: oci.Container, url: str, timeout_s: float = 120.0) -> None:
-    """Until GET /healthz answers 200; fails at once, with the container's output, if it exits."""
+def _wait_healthy(
+    proc: subprocess.Popen[bytes] | None,
+    output: Callable[[], str],
+    url: str,
+    timeout_s: float = 120,
+) -> None:
+    """Until GET /healthz answers 200; fails at once, with ``output()``, if ``proc`` exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        assert container.proc is not None
-        if container.proc.poll() is not None:
-            pytest.fail(f"container exited {container.proc.returncode}:\n{container.output()}")
+        assert proc is not None
+        if proc.poll() is not None:
+            pytest.fail(f"exited {proc.returncode}:\n{output()}")
         try:
             with urllib.request.urlopen(f"{url}/healthz", timeout=2) as answer:
                 if answer.status == 200:
@@ -89,7 +90,18 @@ def _wait_healthy(container: oci.Container, url: str, timeout_s: float = 120.0) 
         except OSError:
             pass
         time.sleep(0.2)
-    pytest.fail(f"no answer on {url}/healthz in {timeout_s:.0f} s:\n{container.output()}")
+    pytest.fail(f"no answer on {url}/healthz in {timeout_s:.0f} s:\n{output()}")
+
+
+@contextlib.contextmanager
+def _chrooted(image: oci.Storage) -> Iterator[list[str]]:
+    """``buildah run --isolation chroot`` of the image (no mount namespace of its own) with
+    CAP_SYS_ADMIN: the command line to append ``-- CMD`` to; the working container is removed."""
+    working = image.buildah("from", "--pull-never", TAG).stdout.strip()
+    try:
+        yield image.argv("run", "--isolation", "chroot", "--cap-add", "CAP_SYS_ADMIN", working)
+    finally:
+        image.buildah("rm", working)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +111,7 @@ def service(image: oci.Storage) -> Iterator[tuple[oci.Container, str]]:
     container = oci.Container(image, TAG, "sandbox-test", args, cap_add=["CAP_SYS_ADMIN"])
     with container:
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(container, url)
+        _wait_healthy(container.proc, container.output, url)
         yield container, url
     assert container.proc is not None and container.proc.returncode == 0, container.output()
 
@@ -198,7 +210,7 @@ def test_the_default_command_serves_on_8088_and_is_healthy(image):
             pytest.skip("port 8088 is taken on this machine")
     container = oci.Container(image, TAG, "sandbox-default", cap_add=["CAP_SYS_ADMIN"])
     with container:
-        _wait_healthy(container, "http://127.0.0.1:8088")
+        _wait_healthy(container.proc, container.output, "http://127.0.0.1:8088")
         health = oci.image_config(image, TAG)["Healthcheck"]["Test"]  # type: ignore[index]
         done = container.exec(*health[1:])
         assert done.returncode == 0, done.stderr
@@ -221,17 +233,13 @@ def test_chrooted_without_its_own_mount_namespace_it_refuses(image):
     """buildah's chroot isolation: a call's mount namespace would be the host's root, outside
     the image; the service must see that and refuse (it once served there, on the host's files)."""
     port = str(_free_port())
-    working = image.buildah("from", "--pull-never", TAG).stdout.strip()
-    run = image.argv("run", "--isolation", "chroot", "--cap-add", "CAP_SYS_ADMIN", working)
-    try:
+    with _chrooted(image) as run:
         done = subprocess.run(
             [*run, "--", "sandbox-pool", "serve", "--host", "127.0.0.1", "--port", port],
             capture_output=True,
             text=True,
             timeout=120,
         )
-    finally:
-        image.buildah("rm", working)
     ours = [x for x in done.stderr.splitlines() if x.startswith("sandbox-pool:")]
     assert done.returncode != 0, done.stderr  # buildah adds its own "Error: exit status 2"
     assert len(ours) == 1 and ours[0].startswith("sandbox-pool: refusing to start:"), ours
@@ -242,33 +250,22 @@ async def test_chrooted_with_weak_isolation_calls_stay_in_the_image(image):
     """--unsafe-weak-isolation under the same chroot: calls run without namespaces, so they
     stay on the image's files (joining a namespace would have put them on the host's)."""
     port = _free_port()
-    working = image.buildah("from", "--pull-never", TAG).stdout.strip()
-    run = image.argv("run", "--isolation", "chroot", "--cap-add", "CAP_SYS_ADMIN", working)
     serve = ["sandbox-pool", "serve", "--host", "127.0.0.1", "--port", str(port)]
     log = image.root / "weak.log"
-    with log.open("wb") as out:
+    with _chrooted(image) as run, log.open("wb") as out:
         proc = subprocess.Popen(
             [*run, "--", *serve, "--unsafe-weak-isolation"], stdout=out, stderr=out
         )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                with urllib.request.urlopen(f"{url}/healthz", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
-        code = f"import os\nprint(os.path.exists({str(REPO)!r}), os.path.exists('/opt/venv'))"
-        body = await _execute(url, code)
-        assert body["stdout"] == "False True\n", body
-    finally:
-        proc.terminate()
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-        image.buildah("rm", working)
+            url = f"http://127.0.0.1:{port}"
+            _wait_healthy(proc, log.read_text, url)
+            code = f"import os\nprint(os.path.exists({str(REPO)!r}), os.path.exists('/opt/venv'))"
+            body = await _execute(url, code)
+            assert body["stdout"] == "False True\n", body
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)

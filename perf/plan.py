@@ -28,6 +28,15 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
+from perf.plan_check import load_run_traces, measured_rollout_s
+from perf.plan_inputs import (
+    Assumption,
+    PlanInputError,
+    add_flags,
+    assumptions,
+    model_shape,
+)
+from perf.rollout_sim import CostFileError, load_cost
 from perf.shapes import DecoderShape
 from scheduler.core import SchedulerSettings
 from scheduler.sim import SimSettings, StepCostModel, simulate
@@ -35,113 +44,28 @@ from scheduler.trace import TraceRow, load_trace, paper_like
 
 WEEK_S = 7 * 24 * 3600
 PAPER_STEPS_PER_WEEK = 510
-
-
-# published configs (config.json of each model on its hub page)
-SHAPES = {
-    "Qwen/Qwen3-14B": DecoderShape(5120, 17408, 40, 40, 8, 128, 151936),
-    "Qwen/Qwen3-8B": DecoderShape(4096, 12288, 36, 32, 8, 128, 151936),
-    "Qwen/Qwen3-1.7B": DecoderShape(2048, 6144, 28, 16, 8, 128, 151936),
-    "Qwen/Qwen2.5-14B": DecoderShape(5120, 13824, 48, 40, 8, 128, 152064),
-}
-
-
-@dataclass(frozen=True)
-class Assumption:
-    name: str
-    value: float
-    unit: str
-    source: str
-    flag: str
-
-
-# name -> (default, unit, source); each has a --flag of its name with "-" for "_"
-H200_RESULTS = "perf/results/nvidia-h200-*.json"
-DEFAULTS: dict[str, tuple[float, str, str]] = {
-    "peak_tflops": (1307.4, "TFLOP/s", "MI300X datasheet: dense bf16 matrix peak"),
-    "hbm_tb_per_s": (5.3, "TB/s", "MI300X datasheet: HBM3 peak bandwidth"),
-    "gpu_memory_gb": (192.0, "GB", "MI300X datasheet"),
-    "engine_prefill_mfu": (
-        0.63,
-        "frac",
-        f"prefill GEMMs, Qwen2.5-14B layers on one H200 (step_cost in {H200_RESULTS})",
-    ),
-    "hbm_efficiency": (
-        0.93,
-        "frac",
-        f"KV and weight reads, share of HBM peak on one H200 (step_cost in {H200_RESULTS})",
-    ),
-    "tp_efficiency": (
-        0.8,
-        "frac",
-        "assumed: share of the TP-width speed-up an engine keeps (all-reduces per layer)",
-    ),
-    "engine_activation_gb": (
-        15.0,
-        "GB",
-        "assumed: vLLM activation and graph memory per GPU (scheduler/sim.py)",
-    ),
-    "median_response_tokens": (
-        3072.0,
-        "tokens",
-        "scheduler/trace.py paper_like: the paper's response lengths, median ~3K",
-    ),
-    "tool_latency_s": (0.3, "s", "scheduler/trace.py paper_like: ~0.3 s per tool call"),
-    "tool_response_tokens": (
-        128.0,
-        "tokens",
-        "scheduler/trace.py paper_like and scheduler/sim.py: a tool response's tokens",
-    ),
-    "reward_verif_per_s_per_core": (
-        300.0,
-        "1/s",
-        "perf.reward: cold verifications per core, 2-core CI machine (~300-330)",
-    ),
-    "reward_cores": (64.0, "cores", "assumed: one node's CPU cores for the reward"),
-    "learner_mfu": (
-        0.43,
-        "frac",
-        f"megatron learner, Qwen3-1.7B shape, one H200 ({H200_RESULTS}); assumed at 14B",
-    ),
-    "ipc_share_of_copy": (
-        0.87,
-        "frac",
-        f"CUDA-IPC weight transfer / device copy, one H200 ({H200_RESULTS})",
-    ),
-    "device_copy_share_of_hbm": (
-        0.44,
-        "frac",
-        "H200: a 2.1 TB/s device copy of its 4.8 TB/s HBM (each byte read and written)",
-    ),
-    "wake_s": (5.0, "s", "assumed: vLLM wake from sleep level 2 (weights + KV cache) per step"),
-}
-
-
-def _assumptions(args: argparse.Namespace) -> dict[str, Assumption]:
-    out = {}
-    for name, (default, unit, source) in DEFAULTS.items():
-        value = getattr(args, name)
-        flag = "--" + name.replace("_", "-")
-        if value != default:
-            source = f"set by {flag} (default {default}: {source})"
-        out[name] = Assumption(name, value, unit, source, flag)
-    return out
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def engine_cost(
     a: dict[str, Assumption], shape: DecoderShape, tp: int, measured: StepCostModel | None
 ) -> StepCostModel:
     """One engine's step cost: a measured single-GPU model or the datasheet, over ``tp`` GPUs."""
-    speedup = tp * a["tp_efficiency"].value if tp > 1 else 1.0
+    speedup = tp * a["tp_efficiency"].value if tp > 1 else 1.0  # type: ignore[operator]
     if measured is not None:
         base = measured
     else:
-        hbm = a["hbm_tb_per_s"].value * 1e12 * a["hbm_efficiency"].value
+        peak, hbm_peak = a["peak_tflops"].value, a["hbm_tb_per_s"].value
+        if peak is None or hbm_peak is None:
+            raise PlanInputError(
+                "--cost: no datasheet for this accelerator; measure the engine "
+                "(python -m perf.engine_cost --config ... --out FILE) or give --peak-tflops "
+                "and --hbm-tb-per-s"
+            )
+        hbm = hbm_peak * 1e12 * _v(a, "hbm_efficiency")
         base = StepCostModel(
             step_base_s=2 * shape.weight_params / hbm,  # the weights, read once per step
-            per_token_s=2
-            * shape.matmul_params
-            / (a["peak_tflops"].value * 1e12 * a["engine_prefill_mfu"].value),
+            per_token_s=2 * shape.matmul_params / (peak * 1e12 * _v(a, "engine_prefill_mfu")),
             per_kv_token_s=shape.kv_bytes_per_token / hbm,
         )
     return replace(
@@ -155,33 +79,48 @@ def engine_cost(
     )
 
 
-def engine_kv_tokens(
-    a: dict[str, Assumption], shape: DecoderShape, tp: int, utilization: float
-) -> int:
+def _v(a: dict[str, Assumption], name: str) -> float:
+    value = a[name].value
+    if value is None:
+        raise PlanInputError(f"{a[name].flag}: {a[name].source}; give it")
+    return value
+
+
+def engine_kv_tokens(a: dict[str, Assumption], shape: DecoderShape, cfg: Any) -> int:
+    """KV tokens one engine holds: vLLM's CPU KV space, or what a GPU's memory leaves after
+    the weights and activations."""
+    r = cfg.rollout
+    per_token = shape.kv_bytes_per_token * DTYPE_BYTES[cfg.model.dtype] // 2
+    if cfg.cluster.accelerator == "cpu":
+        return int(r.kv_cache_space_gb * 2**30 / per_token)
+    tp = r.tensor_parallel_size
     per_gpu = (
-        a["gpu_memory_gb"].value * 1e9 * utilization
+        _v(a, "gpu_memory_gb") * 1e9 * r.gpu_memory_utilization
         - 2 * shape.weight_params / tp
-        - a["engine_activation_gb"].value * 1e9
+        - _v(a, "engine_activation_gb") * 1e9
     )
-    return max(0, int(per_gpu * tp / shape.kv_bytes_per_token))
+    return max(0, int(per_gpu * tp / per_token))
 
 
 @dataclass(frozen=True)
 class Breakdown:
+    """One RL step's predicted parts; None: a part the plan does not model here."""
+
     rollout_s: float
     tool_per_trajectory_s: float
     reward_s: float
     reward_tail_s: float
-    learner_s: float
+    learner_s: float | None
     learner_tokens: int
-    sync_s: float
+    sync_s: float | None
     trajectories: int
     engines: int
     kv_tokens: int
 
     @property
     def step_s(self) -> float:
-        return self.rollout_s + self.reward_tail_s + self.learner_s + self.sync_s
+        parts = (self.rollout_s, self.reward_tail_s, self.learner_s, self.sync_s)
+        return sum(p for p in parts if p is not None)
 
     @property
     def steps_per_week(self) -> float:
@@ -199,21 +138,23 @@ def predict(
 ) -> Breakdown:
     """The step breakdown (pure apart from the simulation it runs)."""
     st = cfg.stages[stage]
-    tp = cfg.rollout.tensor_parallel_size
-    kv = engine_kv_tokens(a, shape, tp, cfg.rollout.gpu_memory_utilization)
+    kv = engine_kv_tokens(a, shape, cfg)
+    tool_tokens = int(_v(a, "tool_response_tokens"))
     sim = simulate(
         rows,
         SimSettings(
             num_engines=cfg.rollout.num_engines,
             kv_tokens=kv,
             max_response_tokens=st.max_response_tokens,
-            default_tool_tokens=int(a["tool_response_tokens"].value),
+            default_tool_tokens=tool_tokens,
             cost=cost,
         ),
         SchedulerSettings(policy=cfg.scheduler.policy),
     )
     tools = [sum(t.tool_latency_s or 0.0 for t in r.turns) for r in rows]
-    reward_s = len(rows) / (a["reward_verif_per_s_per_core"].value * a["reward_cores"].value)
+    verif_per_s = _v(a, "reward_verif_per_s_per_core")
+    reward_cores = a["reward_cores"].value or cfg.reward.num_workers or 4
+    reward_s = len(rows) / (verif_per_s * reward_cores)
     aug = cfg.augmentation
     per_prompt = (
         aug.down_sampling_config.down_sample_to_n
@@ -221,31 +162,63 @@ def predict(
         else cfg.rollout.num_samples_per_prompt
     )
     kept = cfg.data.rollout_batch_num_prompts * per_prompt
-    tool_tokens = int(a["tool_response_tokens"].value)
     mean_tokens = statistics.fmean(_train_tokens(r, tool_tokens) for r in rows)
     tokens = int(kept * mean_tokens)
-    flops = shape.train_flops_per_token(mean_tokens) * tokens
-    if cfg.algorithm.recompute_old_logprobs:
-        flops *= 4 / 3  # one more forward: 2 of the 6 FLOPs per parameter
-    learner_s = flops / (gpus * a["peak_tflops"].value * 1e12 * a["learner_mfu"].value)
-    copy_bw = (
-        a["hbm_tb_per_s"].value
-        * 1e12
-        * a["device_copy_share_of_hbm"].value
-        * a["ipc_share_of_copy"].value
-    )
-    sync_s = 2 * shape.weight_params / tp / copy_bw + a["wake_s"].value
     return Breakdown(
         sim.makespan_s,
         statistics.fmean(tools),
         reward_s,
-        1 / a["reward_verif_per_s_per_core"].value,
-        learner_s,
+        1 / verif_per_s,
+        _learner_s(cfg, a, shape, tokens, mean_tokens, gpus),
         tokens,
-        sync_s,
+        _sync_s(cfg, a, shape),
         len(rows),
         cfg.rollout.num_engines,
         kv,
+    )
+
+
+def _learner_s(
+    cfg: Any, a: dict[str, Assumption], shape: DecoderShape, tokens: int, mean: float, gpus: int
+) -> float | None:
+    recompute = 4 / 3 if cfg.algorithm.recompute_old_logprobs else 1.0  # one more forward
+    if a["learner_tokens_per_s"].value is not None:
+        return tokens * recompute / a["learner_tokens_per_s"].value
+    peak = a["peak_tflops"].value
+    if peak is None or gpus == 0:
+        return None
+    flops = shape.train_flops_per_token(mean) * tokens * recompute
+    return flops / (gpus * peak * 1e12 * _v(a, "learner_mfu"))
+
+
+def _sync_s(cfg: Any, a: dict[str, Assumption], shape: DecoderShape) -> float | None:
+    """The learner's weights into every engine GPU (CUDA-IPC) plus the engines' wake-up; not
+    modelled on CPU (file buckets through /dev/shm)."""
+    hbm = a["hbm_tb_per_s"].value
+    if cfg.cluster.accelerator == "cpu" or hbm is None:
+        return None
+    copy_bw = hbm * 1e12 * _v(a, "device_copy_share_of_hbm") * _v(a, "ipc_share_of_copy")
+    tp = cfg.rollout.tensor_parallel_size
+    return 2 * shape.weight_params / tp / copy_bw + _v(a, "wake_s")
+
+
+def mean_breakdown(parts: list[Breakdown]) -> Breakdown:
+    """The mean of several steps' breakdowns (a saved run's steps)."""
+
+    def mean(values: list[Any]) -> Any:
+        return None if values[0] is None else statistics.fmean(values)
+
+    return Breakdown(
+        rollout_s=mean([b.rollout_s for b in parts]),
+        tool_per_trajectory_s=mean([b.tool_per_trajectory_s for b in parts]),
+        reward_s=mean([b.reward_s for b in parts]),
+        reward_tail_s=mean([b.reward_tail_s for b in parts]),
+        learner_s=mean([b.learner_s for b in parts]),
+        learner_tokens=round(statistics.fmean(b.learner_tokens for b in parts)),
+        sync_s=mean([b.sync_s for b in parts]),
+        trajectories=round(statistics.fmean(b.trajectories for b in parts)),
+        engines=parts[0].engines,
+        kv_tokens=parts[0].kv_tokens,
     )
 
 
@@ -259,17 +232,19 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m perf.plan", description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="a run config (YAML)")
     p.add_argument("--stage", type=int, default=0, help="which stage's budget (0-based)")
-    p.add_argument("--cost", help="a measured single-GPU step cost (perf.step_cost --out FILE)")
-    p.add_argument("--trace", help="a recorded trace (JSONL) instead of the paper-like one")
+    p.add_argument("--cost", help="a measured step cost (perf.engine_cost or perf.step_cost)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", help="a recorded trace (JSONL) instead of the paper-like one")
+    src.add_argument(
+        "--rollouts",
+        help="a run's saved rollouts (rstar2 train --save-rollouts DIR): each step's "
+        "trajectories as its trace, the figures their mean",
+    )
+    p.add_argument(
+        "--run", help="with --rollouts: that run's folder; prints its measured time_rollout_s"
+    )
     p.add_argument("--seed", type=int, default=0)
-    for name, (default, unit, _source) in DEFAULTS.items():
-        p.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=float,
-            default=default,
-            help=f"{unit} (default {default})",
-        )
+    add_flags(p)
     return p
 
 
@@ -280,46 +255,50 @@ def main(argv: list[str] | None = None) -> int:
     from scheduler.trace import TraceError
 
     try:
+        if args.run and not args.rollouts:
+            raise PlanInputError("--run: only with --rollouts (the steps to compare)")
         cfg = load_config(args.config)
         if not 0 <= args.stage < len(cfg.stages):
             raise ConfigError("stages", f"--stage {args.stage}: the config has {len(cfg.stages)}")
-        shape = SHAPES.get(cfg.model.path)
-        if shape is None:
-            known = ", ".join(sorted(SHAPES))
-            raise ConfigError("model.path", f"no known shape for {cfg.model.path!r} ({known})")
-        st = cfg.stages[args.stage]
-        a = _assumptions(args)
-        rows = (
-            load_trace(args.trace)
-            if args.trace
-            else paper_like(
-                num_prompts=cfg.data.rollout_batch_num_prompts,
-                samples_per_prompt=cfg.rollout.num_samples_per_prompt,
-                max_response_tokens=st.max_response_tokens,
-                median_response_tokens=int(a["median_response_tokens"].value),
-                max_turns=st.max_turns,
-                tool_latency_s=a["tool_latency_s"].value,
-                tool_tokens=int(a["tool_response_tokens"].value),
-                seed=args.seed,
-            )
-        )
-    except (ConfigError, TraceError, OSError) as exc:
+        shape = model_shape(cfg)
+        a = assumptions(args, cfg.cluster.accelerator)
+        measured = load_cost(args.cost) if args.cost else None
+        cost = engine_cost(a, shape, cfg.rollout.tensor_parallel_size, measured)
+        steps = _traces(cfg, args, a)
+        gpus = cfg.cluster.num_nodes * cfg.cluster.gpus_per_node
+        per_step = {n: predict(cfg, args.stage, a, shape, rows, cost, gpus) for n, rows in steps}
+        measured_rollout = measured_rollout_s(args.run) if args.run else None
+    except (ConfigError, TraceError, PlanInputError, CostFileError, OSError) as exc:
         print(f"perf.plan: {exc}", file=sys.stderr)
         return 2
-    measured = None
-    if args.cost:
-        from perf.rollout_sim import CostFileError, load_cost
-
-        try:
-            measured = load_cost(args.cost)
-        except CostFileError as exc:
-            print(f"perf.plan: {exc}", file=sys.stderr)
-            return 2
-    gpus = cfg.cluster.num_nodes * cfg.cluster.gpus_per_node
-    cost = engine_cost(a, shape, cfg.rollout.tensor_parallel_size, measured)
-    b = predict(cfg, args.stage, a, shape, rows, cost, gpus)
+    b = mean_breakdown(list(per_step.values()))
     _print(cfg, args, a, b, cost, gpus)
+    if measured_rollout is not None:
+        _print_check(per_step, measured_rollout, args.run)
+    _print_json(b)
     return 0
+
+
+def _traces(
+    cfg: Any, args: argparse.Namespace, a: dict[str, Assumption]
+) -> list[tuple[int, list[TraceRow]]]:
+    """(step, trajectories) to simulate: a saved run's steps, a trace file, or paper-like."""
+    if args.rollouts:
+        return sorted(load_run_traces(args.rollouts).items())
+    if args.trace:
+        return [(0, load_trace(args.trace))]
+    st = cfg.stages[args.stage]
+    rows = paper_like(
+        num_prompts=cfg.data.rollout_batch_num_prompts,
+        samples_per_prompt=cfg.rollout.num_samples_per_prompt,
+        max_response_tokens=st.max_response_tokens,
+        median_response_tokens=int(_v(a, "median_response_tokens")),
+        max_turns=st.max_turns,
+        tool_latency_s=_v(a, "tool_latency_s"),
+        tool_tokens=int(_v(a, "tool_response_tokens")),
+        seed=args.seed,
+    )
+    return [(0, rows)]
 
 
 def _print(
@@ -333,15 +312,21 @@ def _print(
     st = cfg.stages[args.stage]
     batch = f"{cfg.data.rollout_batch_num_prompts} x {cfg.rollout.num_samples_per_prompt}"
     tp = cfg.rollout.tensor_parallel_size
+    where = f"{gpus} GPUs" if cfg.cluster.accelerator != "cpu" else "CPU"
     print(
         f"{cfg.name}, stage {st.name}: {b.trajectories} trajectories ({batch}), "
-        f"{b.engines} engines of TP {tp}, {gpus} GPUs, policy {cfg.scheduler.policy}"
+        f"{b.engines} engines of TP {tp}, {where}, policy {cfg.scheduler.policy}"
     )
     source = f"measured: {args.cost}" if args.cost else "datasheet model"
+    trace = (
+        f"saved rollouts {args.rollouts} (mean over steps)"
+        if args.rollouts
+        else (args.trace or "paper-like trace")
+    )
     print(
         f"engine: {b.kv_tokens:,} KV tokens; step cost {cost.step_base_s * 1e3:.2f} ms + "
         f"{cost.per_token_s * 1e6:.2f} us/token + {cost.per_kv_token_s * 1e9:.3f} ns/KV token "
-        f"({source}, over TP {tp})"
+        f"({source}, over TP {tp}); trajectories: {trace}"
     )
     rows = [
         ("rollout (simulated makespan)", b.rollout_s),
@@ -353,25 +338,50 @@ def _print(
         ("one RL step", b.step_s),
     ]
     for label, seconds in rows:
-        print(f"{label:<46} {seconds:>9.1f} s")
+        value = f"{seconds:>9.1f} s" if seconds is not None else "  not modelled here"
+        print(f"{label:<46} {value}")
     ratio = b.steps_per_week / PAPER_STEPS_PER_WEEK
     paper = f"paper: {PAPER_STEPS_PER_WEEK} on 64 MI300X"
-    print(f"steps per week: {b.steps_per_week:,.0f} ({paper}; {ratio:.2f}x)")
+    partial = "; a lower bound: parts not modelled" if None in (b.learner_s, b.sync_s) else ""
+    print(f"steps per week: {b.steps_per_week:,.0f} ({paper}; {ratio:.2f}x{partial})")
     print(
         "  not in the model: evaluation, checkpoints, restarts, stragglers beyond the trace, "
         "the longer budgets of later stages (--stage)"
     )
     print("\nassumptions (change each with its flag):")
     for item in a.values():
-        print(f"  {item.flag:<32} {item.value:>10g} {item.unit:<8} {item.source}")
+        value = f"{item.value:>10g}" if item.value is not None else f"{'unset':>10}"
+        print(f"  {item.flag:<32} {value} {item.unit:<8} {item.source}")
+
+
+def _print_check(per_step: dict[int, Breakdown], measured: dict[int, float], run: str) -> None:
+    """Predicted against measured rollout time, step by step, for the steps both have."""
+    both = sorted(set(per_step) & set(measured))
+    if not both:
+        print(f"\n{run}: no step of the saved rollouts in its metrics.jsonl")
+        return
+    print(f"\nrollout, predicted vs measured ({run}/metrics.jsonl time_rollout_s):")
+    print(f"  {'step':>5} {'predicted':>10} {'measured':>10} {'ratio':>7}")
+    for n in both:
+        p, m = per_step[n].rollout_s, measured[n]
+        print(f"  {n:>5} {p:>9.2f}s {m:>9.2f}s {p / m:>7.2f}")
+    p = statistics.fmean(per_step[n].rollout_s for n in both)
+    m = statistics.fmean(measured[n] for n in both)
+    print(f"  {'mean':>5} {p:>9.2f}s {m:>9.2f}s {p / m:>7.2f}  ({len(both)} steps)")
+
+
+def _print_json(b: Breakdown) -> None:
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 2)
+
     print(
         json.dumps(
             {
-                "step_s": round(b.step_s, 1),
-                "rollout_s": round(b.rollout_s, 1),
-                "learner_s": round(b.learner_s, 1),
-                "sync_s": round(b.sync_s, 1),
-                "reward_s": round(b.reward_s, 1),
+                "step_s": r(b.step_s),
+                "rollout_s": r(b.rollout_s),
+                "learner_s": r(b.learner_s),
+                "sync_s": r(b.sync_s),
+                "reward_s": r(b.reward_s),
                 "steps_per_week": round(b.steps_per_week, 1),
             }
         )

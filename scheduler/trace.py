@@ -17,6 +17,7 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class TraceError(ValueError):
@@ -88,6 +89,40 @@ def _split_turns(
         latency = None if last else max(0.02, rng.lognormvariate(math.log(latency_s), 0.5))
         turns.append(TraceTurn(size, latency, None if last else tool_tokens))
     return tuple(turns)
+
+
+def row_from_rollout(record: dict[str, Any], row_id: str) -> TraceRow:
+    """One trace row from a rollout an RL run saved (``rstar2 train --save-rollouts``): the
+    assistant turns are the sampled runs of its loss mask, each followed by the tool response
+    the loop appended (unsampled tokens); a turn's tool latency spans its ``tool`` spans (the
+    first start to the last end, parallel calls overlapping). ValueError: the record's spans
+    and loss mask disagree."""
+    traj = record.get("trajectory", record)
+    mask: list[int] = traj["loss_mask"]
+    runs: list[list[int]] = []  # [sampled, unsampled after it]
+    for i, m in enumerate(mask):
+        if m and (i == 0 or not mask[i - 1]):
+            runs.append([0, 0])
+        if not runs:
+            raise ValueError("the response starts with unsampled tokens")
+        runs[-1][0 if m else 1] += 1
+    tool_spans: list[list[tuple[float, float]]] = []
+    for kind, start, end in traj.get("spans", []):
+        if kind == "generate":
+            tool_spans.append([])
+        elif kind == "tool" and tool_spans:
+            tool_spans[-1].append((start, end))
+    if len(tool_spans) < len(runs):
+        raise ValueError(f"{len(runs)} sampled runs but {len(tool_spans)} generate spans")
+    turns = []
+    for (gen, tool), spans in zip(runs, tool_spans, strict=False):
+        latency = max(e for _, e in spans) - min(s for s, _ in spans) if spans else None
+        if latency is None and tool:
+            latency = 0.0
+        turns.append(TraceTurn(gen, latency, tool or None))
+    if not turns:
+        raise ValueError("no sampled tokens")
+    return TraceRow(row_id, len(traj["prompt_ids"]), tuple(turns), session=row_id)
 
 
 def write_trace(rows: list[TraceRow], path: str | Path) -> None:

@@ -22,6 +22,8 @@ class SamplingSettings:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    # exactly max_tokens, past EOS (benchmarks need fixed lengths): vLLM engines honour it
+    ignore_eos: bool = False
 
 
 @dataclass

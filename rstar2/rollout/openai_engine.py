@@ -71,6 +71,8 @@ class OpenAIServerEngine:
             body["seed"] = sampling.seed
         if sampling.stop_token_ids:
             body["stop_token_ids"] = list(sampling.stop_token_ids)
+        if sampling.ignore_eos:  # vLLM's extra sampling parameter
+            body["ignore_eos"] = True
         async with self._http().post(f"{self.url}/v1/completions", json=body) as resp:
             if resp.status != 200:
                 detail = (await resp.text())[:300]

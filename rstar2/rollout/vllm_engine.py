@@ -170,6 +170,7 @@ class VLLMEngine:
             top_p=sampling.top_p,
             seed=sampling.seed if self.per_request_seed else None,
             stop_token_ids=list(sampling.stop_token_ids) or None,
+            ignore_eos=sampling.ignore_eos,
             logprobs=0,  # the sampled token's own log-prob
             output_kind=RequestOutputKind.FINAL_ONLY,
             detokenize=False,

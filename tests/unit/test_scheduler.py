@@ -295,3 +295,12 @@ def test_invariants_hold_and_every_trajectory_finishes(
     policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int
 ) -> None:
     _drive(policy, caps, jobs, seed)
+
+
+def test_a_turn_blocked_on_its_engine_runs_once_the_projected_segment_shrinks() -> None:
+    # found by hypothesis: j0's third turn did not fit beside its home engine's other holds;
+    # they left, then the projected segment shrank on another engine's turn, and nothing
+    # rescanned j0's engine, so j0 waited forever on an idle cluster
+    jobs = [(59, [17, 102, 254]), (9, [9]), (75, [17]), (25, [21, 21, 16])]
+    jobs += [(121, [179, 15]), (1, [242, 2, 1]), (1, [134])]
+    _drive("kv_affinity", [800, 800, 800], jobs, seed=672)

@@ -20,6 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USER_ERROR
     from rstar2.data.schema import DataError
+    from rstar2.reward.host import RewardHostBroken
 
     try:
         code: int = args.handler(args)
@@ -28,6 +29,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rstar2: config error: {exc}", file=sys.stderr)
     except DataError as exc:
         print(f"rstar2: data error: {exc}", file=sys.stderr)
+    except RewardHostBroken as exc:
+        print(f"rstar2: reward scoring stopped: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("rstar2: interrupted", file=sys.stderr)
         return 130

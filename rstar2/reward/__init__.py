@@ -5,6 +5,7 @@ batch form; :class:`RewardScorer` owns a worker pool and cache for callers that 
 """
 
 from rstar2.reward.extract import extract_answer
+from rstar2.reward.host import RewardHostBroken
 from rstar2.reward.normalize import equivalent, normalize
 from rstar2.reward.scorer import (
     RewardScorer,
@@ -16,6 +17,7 @@ from rstar2.reward.scorer import (
 )
 
 __all__ = [
+    "RewardHostBroken",
     "RewardScorer",
     "ScorerStats",
     "ascore_batch",

@@ -1,21 +1,23 @@
 """The 0/1 math reward with a hard time bound, a batch/async API and an LRU cache.
 
 Guarantees:
-- :meth:`RewardScorer.score` returns exactly 0.0 or 1.0 and never raises.
+- :meth:`RewardScorer.score` returns exactly 0.0 or 1.0 and never raises for any input. It
+  raises :class:`RewardHostBroken` only when the verification host died ``max_restarts`` times
+  in a row (every score would be 0: the run must stop, not learn from zeros).
 - Verification (sympy via math-verify) runs in worker processes; one that runs past ``timeout_s``
   is killed and replaced, and scores 0.0. Extraction runs in the caller, in linear time.
 - The workers start from an entry point of ours (:mod:`rstar2.reward.host`), never from the
   caller's ``__main__``: a plain script without a main guard runs once.
 - The async forms never run verification on the event loop.
 - Results are cached on (extracted answer, ground truth), timeouts included, so a pathological
-  pair costs its timeout once per scorer.
+  pair costs its timeout once per scorer. A host that stops answering is replaced after
+  ``host_deadline_s``; that call scores 0 and is not cached.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import os
 import threading
 from collections import OrderedDict
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rstar2.reward.extract import extract_answer
-from rstar2.reward.host import HostedPool
+from rstar2.reward.host import FunctionRef, HostedPool, function_ref
 from rstar2.reward.verify import verify_answer
 
 
@@ -53,17 +55,19 @@ class RewardScorer:
         num_workers: int = 0,
         cache_size: int = 65536,
         verify_fn: Callable[[str, str, float], bool] = verify_answer,
+        host_deadline_s: float | None = None,
     ) -> None:
         """``verify_fn(pred, truth, inner_timeout_s)`` must be a top-level function of an
-        importable module (the workers import it by name; a script's ``__main__`` is not)."""
+        importable module, or of the module run by ``python -m`` (the workers import it by
+        name; a plain script's ``__main__`` cannot be imported): ValueError otherwise.
+        ``host_deadline_s`` (default ``2 * timeout_s + 30``) bounds a wait on a hung host."""
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
-        if getattr(verify_fn, "__module__", "__main__") == "__main__":
-            raise ValueError("verify_fn must be defined in an importable module, not __main__")
+        self._verify: FunctionRef = function_ref(verify_fn)
         self.timeout_s = timeout_s
+        self.host_deadline_s = host_deadline_s or 2 * timeout_s + 30
         self.num_workers = num_workers or min(4, os.cpu_count() or 1)
         self.cache_size = cache_size
-        self._verify_fn = verify_fn
         self.stats = ScorerStats()
         self._cache: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._lock = threading.Lock()
@@ -113,9 +117,9 @@ class RewardScorer:
         if known is not None:
             return known
         future = self._submit(key)
-        with contextlib.suppress(Exception):  # _finish reads the outcome from the future
-            await asyncio.wrap_future(future)
-        return self._finish(key, future)
+        # asyncio.wait never cancels the future; _finish reads its outcome (or its absence)
+        await asyncio.wait([asyncio.wrap_future(future)], timeout=self.host_deadline_s)
+        return self._finish(key, future, wait_s=0.0)
 
     async def ascore_batch(
         self, responses: Sequence[str], ground_truths: Sequence[str]
@@ -152,13 +156,22 @@ class RewardScorer:
         inner_timeout_s = max(1.0, self.timeout_s / 2)
         return pool.submit(key[0], key[1], inner_timeout_s, self.timeout_s)
 
-    def _finish(self, key: tuple[str, str], future: Future[bool] | None) -> float:
+    def _finish(
+        self, key: tuple[str, str], future: Future[bool] | None, wait_s: float | None = None
+    ) -> float:
         assert future is not None
         try:
-            # the host times the call out; this bound only covers a host that hangs
-            value = 1.0 if future.result(timeout=2 * self.timeout_s + 30) else 0.0
+            wait = self.host_deadline_s if wait_s is None else wait_s
+            value = 1.0 if future.result(timeout=wait) else 0.0
             counter = "verified"
         except FutureTimeout:
+            if not future.done():  # no answer from the host at all: replace it, do not cache
+                with self._lock:
+                    self.stats.worker_errors += 1
+                    pool = self._pool
+                if pool is not None:
+                    pool.replace()
+                return 0.0
             value, counter = 0.0, "timeouts"
         except Exception:
             with self._lock:
@@ -177,7 +190,7 @@ class RewardScorer:
             if self._closed:
                 raise RuntimeError("RewardScorer is closed")
             if self._pool is None:
-                self._pool = HostedPool(self.num_workers, self._verify_fn)
+                self._pool = HostedPool(self.num_workers, self._verify)
                 self._pool.start()
             return self._pool
 

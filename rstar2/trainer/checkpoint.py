@@ -1,15 +1,22 @@
 """The one store a resumed run reads: checkpoints of learner state plus ``trainer.json``.
 
-Guarantees: :meth:`Checkpointer.save` writes the learner and the trainer state into a
-temporary folder and renames it into place, ``trainer.json`` last, so a folder is complete or
-ignored; only ``keep_last`` complete ones stay. :meth:`Checkpointer.restore` loads the newest
-complete one and moves the metric lines written after it to ``metrics.discarded.jsonl``:
-``metrics.jsonl`` is kept consistent with the checkpoint, never read to decide what to do.
+Guarantees:
+- :meth:`Checkpointer.save` writes the learner, the trainer's extras and ``trainer.json`` (last)
+  into ``step_N.tmp``, fsyncs them, seals the folder with a manifest of file sizes, and renames
+  it into place; a crash at any point leaves the previous checkpoint as it was.
+- A full disk (or quota) during a save removes the partial folder and raises
+  :class:`CheckpointError` with a one-line reason; the previous checkpoint is intact.
+- Only ``keep_last`` whole checkpoints stay, and the newest whole one is never deleted.
+- :meth:`Checkpointer.restore` loads the newest whole checkpoint, skipping a torn one (a file
+  missing or short) with a warning, and moves the metric lines written after it to
+  ``metrics.discarded.jsonl``: ``metrics.jsonl`` is kept consistent with the checkpoint, never
+  read to decide what to do. When every checkpoint is torn it raises rather than start over.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 from collections.abc import Callable
@@ -17,10 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from rstar2.learner.protocol import Learner
+from rstar2.trainer import durable
 from rstar2.trainer import state as st
+from rstar2.trainer.durable import CheckpointError
 
 METRICS = "metrics.jsonl"
 DISCARDED = "metrics.discarded.jsonl"
+__all__ = ["DISCARDED", "METRICS", "CheckpointError", "Checkpointer", "read_jsonl"]
+log = logging.getLogger(__name__)
 
 
 class Checkpointer:
@@ -30,6 +41,18 @@ class Checkpointer:
 
     def has(self, step: int) -> bool:
         return (st.checkpoint_dir(self.run_dir, step) / st.STATE_FILE).is_file()
+
+    def whole(self) -> list[Path]:
+        """Complete checkpoints that pass their manifest check, oldest first (torn ones are
+        logged and left out)."""
+        out = []
+        for folder in st.complete_checkpoints(self.run_dir):
+            reason = durable.check(folder)
+            if reason is None:
+                out.append(folder)
+            else:
+                log.warning("checkpoint %s is torn (%s); skipping it", folder, reason)
+        return out
 
     def save(
         self,
@@ -42,26 +65,51 @@ class Checkpointer:
         state.rng_state = st.rng_to_json(rng)
         final = st.checkpoint_dir(self.run_dir, state.step)
         tmp = final.with_name(final.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        learner.save(tmp / "learner")
-        if extra is not None:
-            extra(tmp)
-        st.write_state(tmp, state)
-        if final.exists():
-            shutil.rmtree(final)
+        old = final.with_name(final.name + ".old")
+        try:
+            for leftover in (tmp, old):
+                if leftover.exists():
+                    shutil.rmtree(leftover)
+            learner.save(tmp / "learner")
+            if extra is not None:
+                extra(tmp)
+            st.write_state(tmp, state)
+            durable.seal(tmp)
+        except BaseException as exc:  # torch.distributed.checkpoint raises a BaseException
+            previous = self.whole()
+            expected = durable.tree_bytes(previous[-1]) if previous else 0
+            full = durable.is_disk_full(exc, tmp, expected)
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not full:
+                raise
+            kept = f"{previous[-1].name} is intact" if previous else "there is no earlier one"
+            raise CheckpointError(
+                f"disk full while writing checkpoint {final.name} in {final.parent} "
+                f"({type(exc).__name__}); {kept}. Free space or move the run folder, then "
+                "resume."
+            ) from exc
+        if final.exists():  # a step saved again (e.g. a stop during its eval): swap, then drop
+            final.rename(old)
         tmp.rename(final)
-        st.prune(self.run_dir, self.keep_last)
+        durable.fsync_dir(final.parent)
+        shutil.rmtree(old, ignore_errors=True)
+        st.prune(self.run_dir, self.keep_last, self.whole())
         return final
 
     def restore(
         self, learner: Learner, extra: Callable[[Path], None] | None = None
     ) -> st.TrainerState | None:
-        """The newest checkpoint's state (its weights loaded into ``learner``, its folder
+        """The newest whole checkpoint's state (its weights loaded into ``learner``, its folder
         handed to ``extra``), or None when there is none yet; either way the metric lines
         after it are set aside."""
-        found = st.complete_checkpoints(self.run_dir)
+        found = self.whole()
         if not found:
+            torn = st.complete_checkpoints(self.run_dir)
+            if torn:
+                raise CheckpointError(
+                    f"every checkpoint in {torn[0].parent} is torn ({len(torn)}: see the "
+                    "warnings above); move them aside to start this run over"
+                )
             self.truncate_metrics(-1)
             return None
         learner.load(found[-1] / "learner")

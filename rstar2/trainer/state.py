@@ -3,7 +3,8 @@
 Guarantees: :class:`PromptSampler` draws each stage's prompts in an order fixed by (seed,
 stage, epoch), so a sampler rebuilt from a saved :class:`TrainerState` continues exactly where
 the saved one stopped. Checkpoints are written to a temporary folder and renamed into place,
-and ``trainer.json`` is written last: a folder without it is incomplete and never loaded.
+and ``trainer.json`` is written last: a folder without it is incomplete and never loaded
+(:mod:`rstar2.trainer.checkpoint` adds the fsyncs and the manifest check).
 """
 
 from __future__ import annotations
@@ -85,12 +86,19 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoint folders whose state file exists, oldest first."""
+    """Checkpoint folders whose state file exists, oldest first. A ``step_N.old`` (the copy a
+    re-save of step N swaps out) stands in for ``step_N`` only while that one is missing."""
     root = run_dir / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [p for p in root.glob("step_*") if (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: p.name)
+    found = {}
+    for p in root.glob("step_*"):
+        step, _, suffix = p.name.partition(".")
+        if suffix not in ("", "old") or not (p / STATE_FILE).is_file():
+            continue
+        if suffix == "" or step not in found:
+            found[step] = p
+    return [found[k] for k in sorted(found)]
 
 
 def write_state(folder: Path, state: TrainerState) -> None:
@@ -101,11 +109,25 @@ def read_state(folder: Path) -> TrainerState:
     return TrainerState.from_json(json.loads((folder / STATE_FILE).read_text()))
 
 
-def prune(run_dir: Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` complete checkpoints, and any incomplete one."""
-    done = complete_checkpoints(run_dir)
-    for old in done[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+def prune(run_dir: Path, keep_last: int, whole: Sequence[Path]) -> None:
+    """Keep the newest ``keep_last`` of ``whole`` (the complete checkpoints that passed their
+    check, oldest first); delete every other checkpoint folder older than the newest whole one,
+    and any temporary one. Never deletes the newest whole checkpoint; a torn folder newer than
+    it is left for a person to look at."""
     root = run_dir / CHECKPOINTS
-    for partial in root.glob("*.tmp") if root.is_dir() else ():
+    if not root.is_dir():
+        return
+    for partial in root.glob("*.tmp"):
         shutil.rmtree(partial, ignore_errors=True)
+    for old in root.glob("*.old"):
+        if old.with_suffix("").is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+    if not whole:
+        return
+    keep = {p.name for p in whole[-max(1, keep_last) :]}
+    newest = whole[-1].name
+    for folder in root.glob("step_*"):
+        if folder.suffix in (".tmp", ".old") or not folder.is_dir():
+            continue
+        if folder.name not in keep and folder.name < newest:
+            shutil.rmtree(folder, ignore_errors=True)

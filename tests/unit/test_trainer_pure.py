@@ -110,7 +110,7 @@ def test_checkpoint_bookkeeping(tmp_path: Path) -> None:
         st.write_state(folder, st.TrainerState(step=step))
     st.checkpoint_dir(tmp_path, 8).mkdir()  # no trainer.json: incomplete
     assert [p.name for p in st.complete_checkpoints(tmp_path)][-1] == "step_000006"
-    st.prune(tmp_path, keep_last=2)
+    st.prune(tmp_path, keep_last=2, whole=st.complete_checkpoints(tmp_path))
     assert [st.read_state(p).step for p in st.complete_checkpoints(tmp_path)] == [4, 6]
 
 

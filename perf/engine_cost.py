@@ -23,7 +23,8 @@ prefix caching, context length) and times generations of exact lengths (``ignore
 Prompts are random token ids, distinct per request (no prefix-cache hits). The weights do not
 matter, so ``--model`` may be any checkpoint of the config's shape (the default is the
 config's ``model.path``). Prints a table, then one JSON line; ``--out`` writes that JSON,
-which ``perf.plan --cost`` and ``perf.rollout_sim --cost`` read.
+which ``perf.plan --cost`` and ``perf.rollout_sim --cost`` read. The JSON records the engine's
+``tensor_parallel_size`` and ``dtype``: ``perf.plan`` scales the costs from that TP to its own.
 """
 
 from __future__ import annotations
@@ -38,18 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from perf.record import commit, hardware
+from perf.record import commit, fit_line, hardware
 
 KV_FLOOR_S = 1e-12
-
-
-def _slope_intercept(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares line of y over x: (slope, intercept)."""
-    mx = statistics.fmean(x for x, _ in points)
-    my = statistics.fmean(y for _, y in points)
-    den = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / den
-    return slope, my - slope * mx
 
 
 async def _measure(engine: Any, vocab: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -77,9 +69,9 @@ async def _measure(engine: Any, vocab: int, args: argparse.Namespace) -> dict[st
     await wall(4, 32, 8)  # warm-up
     t = args.decode_tokens
     decode = {b: await wall(b, 16, t) / t for b in args.decode_batches}
-    per_decode, base = _slope_intercept(list(decode.items()))
+    per_decode, base = fit_line(list(decode.items()), "--decode-batches")
     prefill = {n: await wall(1, n, 1) for n in args.prefill_lengths}
-    per_token, _ = _slope_intercept(list(prefill.items()))
+    per_token, _ = fit_line(list(prefill.items()), "--prefill-lengths")
     b, short_ctx, long_ctx = args.kv_batch, 16, args.kv_context
     kv_short = await wall(b, short_ctx, t) / t
     kv_long = await wall(b, long_ctx, t) / t
@@ -130,6 +122,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "engine_cost",
         "config": args.config,
         "model": str(model),
+        # what the costs were measured at: perf.plan scales them to its own TP from this one
+        "tensor_parallel_size": spec.engine.rollout.tensor_parallel_size,
+        "dtype": spec.engine.dtype,
         "commit": commit(),
         "hardware": hardware(),
         **measured,
@@ -155,8 +150,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (parser.error: one line, exit 2) what cannot give a cost before building the
+    engine: each fit is a line, so it needs two distinct x values."""
+    for flag, values in (
+        ("--decode-batches", args.decode_batches),
+        ("--prefill-lengths", args.prefill_lengths),
+    ):
+        if len(set(values)) < 2:
+            parser.error(f"{flag}: give at least two distinct values (a line is fitted over them)")
+        if min(values) < 1:
+            parser.error(f"{flag}: values must be positive")
+    if args.repeats < 1 or args.decode_tokens < 1 or args.kv_batch < 1:
+        parser.error("--repeats, --decode-tokens and --kv-batch must be positive")
+    if args.kv_context <= 16:
+        parser.error("--kv-context: must be longer than the 16-token short prompt")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
     from rstar2.config import ConfigError
     from rstar2.console import OWN_PACKAGES, run_console
 

@@ -5,7 +5,8 @@
 
 - rollout: the scheduling simulator (:mod:`scheduler.sim`) with the config's engines, policy and
   stage budget on a paper-like trace (or ``--trace``), each engine's step cost from the MI300X
-  datasheet model or a measured ``--cost`` file scaled to the engine's tensor-parallel width;
+  datasheet model or a measured ``--cost`` file scaled from the TP it was measured at (its
+  ``tensor_parallel_size``; 1 when it has none, or ``--cost-tp``) to the engine's;
 - tool time: inside the rollout (trajectories wait on calls while others generate); shown as
   the mean per trajectory and its share of the critical path;
 - reward: verification CPU time over the reward cores (it overlaps the rollout; the tail after
@@ -14,6 +15,8 @@
   one forward more when old log-probs are recomputed), at an MFU of the GPUs' bf16 peak;
 - weight sync: the learner's weights into every engine GPU (colocated: CUDA-IPC at the measured
   share of a device copy) plus the engines' wake-up.
+
+Weight and KV bytes follow the config's ``model.dtype`` (bf16/fp16: 2 bytes, fp32: 4, fp8: 1).
 
 Every assumed number is printed with its source and the flag that changes it. Steps per week
 are set next to the paper's: 510 RL steps in about a week on 64 MI300X.
@@ -26,6 +29,7 @@ import json
 import statistics
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from perf.plan_check import load_run_traces, measured_rollout_s
@@ -37,23 +41,49 @@ from perf.plan_inputs import (
     model_shape,
 )
 from perf.rollout_sim import CostFileError, load_cost
-from perf.shapes import DecoderShape
-from scheduler.core import SchedulerSettings
+from perf.shapes import DTYPE_BYTES, DecoderShape
+from scheduler.core import SchedulerError, SchedulerSettings
 from scheduler.sim import SimSettings, StepCostModel, simulate
 from scheduler.trace import TraceRow, load_trace, paper_like
 
 WEEK_S = 7 * 24 * 3600
 PAPER_STEPS_PER_WEEK = 510
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def dtype_bytes(cfg: Any) -> int:
+    """Bytes per weight (and KV element: vLLM's KV cache follows the model) of the config's
+    ``model.dtype``."""
+    dtype = str(cfg.model.dtype)
+    if dtype not in DTYPE_BYTES:
+        raise PlanInputError(f"model.dtype: {dtype!r} has no known size ({', '.join(DTYPE_BYTES)})")
+    return DTYPE_BYTES[dtype]
+
+
+def _kv_bytes_per_token(shape: DecoderShape, nbytes: int) -> int:
+    return shape.kv_bytes_per_token * nbytes // 2  # the shape counts bf16 K and V
 
 
 def engine_cost(
-    a: dict[str, Assumption], shape: DecoderShape, tp: int, measured: StepCostModel | None
+    a: dict[str, Assumption],
+    shape: DecoderShape,
+    tp: int,
+    measured: StepCostModel | None,
+    *,
+    measured_tp: int = 1,
+    nbytes: int = 2,
 ) -> StepCostModel:
-    """One engine's step cost: a measured single-GPU model or the datasheet, over ``tp`` GPUs."""
-    speedup = tp * a["tp_efficiency"].value if tp > 1 else 1.0  # type: ignore[operator]
+    """One engine's step cost over ``tp`` GPUs: a model measured at ``measured_tp`` GPUs,
+    scaled by the speed-up of ``tp`` over ``measured_tp`` (``tp x --tp-efficiency`` over
+    one GPU each), or the datasheet's single-GPU model at ``nbytes`` per weight and KV element
+    scaled from one GPU."""
+    eff = _v(a, "tp_efficiency")
+
+    def speedup(n: int) -> float:
+        return n * eff if n > 1 else 1.0
+
     if measured is not None:
         base = measured
+        scale = speedup(measured_tp) / speedup(tp)
     else:
         peak, hbm_peak = a["peak_tflops"].value, a["hbm_tb_per_s"].value
         if peak is None or hbm_peak is None:
@@ -64,18 +94,45 @@ def engine_cost(
             )
         hbm = hbm_peak * 1e12 * _v(a, "hbm_efficiency")
         base = StepCostModel(
-            step_base_s=2 * shape.weight_params / hbm,  # the weights, read once per step
+            step_base_s=shape.weight_bytes(nbytes) / hbm,  # the weights, read once per step
             per_token_s=2 * shape.matmul_params / (peak * 1e12 * _v(a, "engine_prefill_mfu")),
-            per_kv_token_s=shape.kv_bytes_per_token / hbm,
+            per_kv_token_s=_kv_bytes_per_token(shape, nbytes) / hbm,
         )
+        scale = 1 / speedup(tp)
     return replace(
         base,
-        step_base_s=base.step_base_s / speedup,
-        per_token_s=base.per_token_s / speedup,
-        per_kv_token_s=base.per_kv_token_s / speedup,
+        step_base_s=base.step_base_s * scale,
+        per_token_s=base.per_token_s * scale,
+        per_kv_token_s=base.per_kv_token_s * scale,
         per_decode_token_s=None
         if base.per_decode_token_s is None
-        else base.per_decode_token_s / speedup,
+        else base.per_decode_token_s * scale,
+    )
+
+
+def cost_tp(path: str, given: int | None) -> Assumption:
+    """The TP a ``--cost`` file was measured at: ``--cost-tp``, else the file's
+    ``tensor_parallel_size`` (perf.engine_cost records it; perf.step_cost times one GPU),
+    else 1, said so (a file from before the field was recorded)."""
+    name, unit, flag = "cost_tp", "GPUs", "--cost-tp"
+    if given is not None:
+        if given < 1:
+            raise PlanInputError("--cost-tp: must be a positive number of GPUs")
+        return Assumption(name, given, unit, f"set by {flag} (the TP {path} was measured at)", flag)
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CostFileError(f"--cost {path}: {exc}") from exc
+    meta = data if isinstance(data, dict) else {}
+    tp = meta.get("tensor_parallel_size")
+    if tp is None:
+        source = f"assumed: {path} records no tensor_parallel_size (an older file): TP 1"
+        return Assumption(name, 1, unit, source, flag)
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise CostFileError(f"--cost {path}: tensor_parallel_size must be a positive integer")
+    what = ", ".join(f"{k} {meta[k]}" for k in ("dtype", "model") if meta.get(k))
+    return Assumption(
+        name, tp, unit, f"{path}: measured at TP {tp}" + (f" ({what})" if what else ""), flag
     )
 
 
@@ -90,16 +147,35 @@ def engine_kv_tokens(a: dict[str, Assumption], shape: DecoderShape, cfg: Any) ->
     """KV tokens one engine holds: vLLM's CPU KV space, or what a GPU's memory leaves after
     the weights and activations."""
     r = cfg.rollout
-    per_token = shape.kv_bytes_per_token * DTYPE_BYTES[cfg.model.dtype] // 2
+    nbytes = dtype_bytes(cfg)
+    per_token = _kv_bytes_per_token(shape, nbytes)
     if cfg.cluster.accelerator == "cpu":
         return int(r.kv_cache_space_gb * 2**30 / per_token)
     tp = r.tensor_parallel_size
     per_gpu = (
         _v(a, "gpu_memory_gb") * 1e9 * r.gpu_memory_utilization
-        - 2 * shape.weight_params / tp
+        - shape.weight_bytes(nbytes) / tp
         - _v(a, "engine_activation_gb") * 1e9
     )
     return max(0, int(per_gpu * tp / per_token))
+
+
+def _no_kv_space(a: dict[str, Assumption], shape: DecoderShape, cfg: Any) -> PlanInputError:
+    """What to change when an engine has no KV space left."""
+    r = cfg.rollout
+    if cfg.cluster.accelerator == "cpu":
+        return PlanInputError(
+            f"rollout.kv_cache_space_gb: {r.kv_cache_space_gb} GB holds no KV token; raise it"
+        )
+    weights = shape.weight_bytes(dtype_bytes(cfg)) / r.tensor_parallel_size / 1e9
+    return PlanInputError(
+        f"engine KV: no GPU memory left for the KV cache ({weights:.1f} GB of "
+        f"{cfg.model.dtype} weights per GPU + --engine-activation-gb "
+        f"{_v(a, 'engine_activation_gb'):g} exceed --gpu-memory-gb "
+        f"{_v(a, 'gpu_memory_gb'):g} x rollout.gpu_memory_utilization "
+        f"{r.gpu_memory_utilization}); raise rollout.tensor_parallel_size or "
+        "rollout.gpu_memory_utilization, or lower --engine-activation-gb"
+    )
 
 
 @dataclass(frozen=True)
@@ -139,6 +215,8 @@ def predict(
     """The step breakdown (pure apart from the simulation it runs)."""
     st = cfg.stages[stage]
     kv = engine_kv_tokens(a, shape, cfg)
+    if kv <= 0:
+        raise _no_kv_space(a, shape, cfg)
     tool_tokens = int(_v(a, "tool_response_tokens"))
     sim = simulate(
         rows,
@@ -199,7 +277,7 @@ def _sync_s(cfg: Any, a: dict[str, Assumption], shape: DecoderShape) -> float | 
         return None
     copy_bw = hbm * 1e12 * _v(a, "device_copy_share_of_hbm") * _v(a, "ipc_share_of_copy")
     tp = cfg.rollout.tensor_parallel_size
-    return 2 * shape.weight_params / tp / copy_bw + _v(a, "wake_s")
+    return shape.weight_bytes(dtype_bytes(cfg)) / tp / copy_bw + _v(a, "wake_s")
 
 
 def mean_breakdown(parts: list[Breakdown]) -> Breakdown:
@@ -223,8 +301,17 @@ def mean_breakdown(parts: list[Breakdown]) -> Breakdown:
 
 
 def _train_tokens(row: TraceRow, tool_tokens: int) -> int:
-    """Prompt, generated and tool-response tokens of one trajectory (what the learner trains)."""
-    tool = sum(t.tool_tokens or tool_tokens for t in row.turns if t.tool_latency_s is not None)
+    """Prompt, generated and tool-response tokens of one trajectory (what the learner trains):
+    a turn's recorded tool tokens, else ``tool_tokens`` for a tool call a turn follows; the
+    last turn's call (if any) has no turn after it, so no response in the sequence unless
+    recorded (as the simulator plans it)."""
+    last = len(row.turns) - 1
+    tool = 0
+    for i, t in enumerate(row.turns):
+        if t.tool_tokens is not None:
+            tool += t.tool_tokens
+        elif t.tool_latency_s is not None and i != last:
+            tool += tool_tokens
     return row.prompt_tokens + row.response_tokens + tool
 
 
@@ -233,6 +320,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="a run config (YAML)")
     p.add_argument("--stage", type=int, default=0, help="which stage's budget (0-based)")
     p.add_argument("--cost", help="a measured step cost (perf.engine_cost or perf.step_cost)")
+    p.add_argument(
+        "--cost-tp",
+        type=int,
+        help="the TP the --cost file was measured at (default: its tensor_parallel_size, else 1)",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", help="a recorded trace (JSONL) instead of the paper-like one")
     src.add_argument(
@@ -262,14 +354,33 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("stages", f"--stage {args.stage}: the config has {len(cfg.stages)}")
         shape = model_shape(cfg)
         a = assumptions(args, cfg.cluster.accelerator)
+        if args.cost_tp is not None and not args.cost:
+            raise PlanInputError("--cost-tp: only with --cost (the TP that file was measured at)")
         measured = load_cost(args.cost) if args.cost else None
-        cost = engine_cost(a, shape, cfg.rollout.tensor_parallel_size, measured)
+        if args.cost:
+            a["cost_tp"] = cost_tp(args.cost, args.cost_tp)
+        cost = engine_cost(
+            a,
+            shape,
+            cfg.rollout.tensor_parallel_size,
+            measured,
+            measured_tp=int(a["cost_tp"].value or 1) if args.cost else 1,
+            nbytes=dtype_bytes(cfg),
+        )
         steps = _traces(cfg, args, a)
         gpus = cfg.cluster.num_nodes * cfg.cluster.gpus_per_node
         per_step = {n: predict(cfg, args.stage, a, shape, rows, cost, gpus) for n, rows in steps}
         measured_rollout = measured_rollout_s(args.run) if args.run else None
     except (ConfigError, TraceError, PlanInputError, CostFileError, OSError) as exc:
         print(f"perf.plan: {exc}", file=sys.stderr)
+        return 2
+    except SchedulerError as exc:
+        print(
+            f"perf.plan: the rollout simulation refused the inputs: {exc}; give the engines "
+            "more KV space (rollout.gpu_memory_utilization or tensor_parallel_size, on CPU "
+            "rollout.kv_cache_space_gb) or lower the stage's max_response_tokens",
+            file=sys.stderr,
+        )
         return 2
     b = mean_breakdown(list(per_step.values()))
     _print(cfg, args, a, b, cost, gpus)
@@ -284,7 +395,13 @@ def _traces(
 ) -> list[tuple[int, list[TraceRow]]]:
     """(step, trajectories) to simulate: a saved run's steps, a trace file, or paper-like."""
     if args.rollouts:
-        return sorted(load_run_traces(args.rollouts).items())
+        steps, skipped = load_run_traces(args.rollouts)
+        if skipped:
+            print(
+                f"perf.plan: note: {skipped} saved trajectories with no sampled tokens skipped",
+                file=sys.stderr,
+            )
+        return sorted(steps.items())
     if args.trace:
         return [(0, load_trace(args.trace))]
     st = cfg.stages[args.stage]
@@ -317,7 +434,10 @@ def _print(
         f"{cfg.name}, stage {st.name}: {b.trajectories} trajectories ({batch}), "
         f"{b.engines} engines of TP {tp}, {where}, policy {cfg.scheduler.policy}"
     )
-    source = f"measured: {args.cost}" if args.cost else "datasheet model"
+    if args.cost:
+        source = f"measured: {args.cost} at TP {a['cost_tp'].value:g}, scaled to TP {tp}"
+    else:
+        source = f"datasheet model, {cfg.model.dtype} weights, over TP {tp}"
     trace = (
         f"saved rollouts {args.rollouts} (mean over steps)"
         if args.rollouts
@@ -326,7 +446,7 @@ def _print(
     print(
         f"engine: {b.kv_tokens:,} KV tokens; step cost {cost.step_base_s * 1e3:.2f} ms + "
         f"{cost.per_token_s * 1e6:.2f} us/token + {cost.per_kv_token_s * 1e9:.3f} ns/KV token "
-        f"({source}, over TP {tp}); trajectories: {trace}"
+        f"({source}); trajectories: {trace}"
     )
     rows = [
         ("rollout (simulated makespan)", b.rollout_s),

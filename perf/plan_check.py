@@ -14,13 +14,16 @@ from scheduler.trace import TraceRow, row_from_rollout
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
 
 
-def load_run_traces(folder: str | Path) -> dict[int, list[TraceRow]]:
-    """step -> its trajectories as trace rows. PlanInputError names a missing folder, an empty
-    one, or the first record it cannot read (file and line)."""
+def load_run_traces(folder: str | Path) -> tuple[dict[int, list[TraceRow]], int]:
+    """(step -> its trajectories as trace rows, how many were skipped). A trajectory with no
+    sampled token is skipped (nothing to replay), and so is a step with only those.
+    PlanInputError names a missing folder, an empty one, one whose trajectories were all
+    skipped, or the first record it cannot read (file and line)."""
     root = Path(folder)
     if not root.is_dir():
         raise PlanInputError(f"--rollouts {root}: not a folder")
     steps: dict[int, list[TraceRow]] = {}
+    skipped = 0
     for path in sorted(root.iterdir()):
         match = _STEP_FILE.match(path.name)
         if match is None:
@@ -31,14 +34,23 @@ def load_run_traces(folder: str | Path) -> dict[int, list[TraceRow]]:
             try:
                 record = json.loads(line)
                 row_id = f"s{step}-g{record['group']}-k{record['sample']}"
-                rows.append(row_from_rollout(record, row_id))
+                row = row_from_rollout(record, row_id)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise PlanInputError(f"{path}:{lineno}: {exc}") from None
+            if row is None:
+                skipped += 1
+            else:
+                rows.append(row)
         if rows:
             steps[step] = rows
+    if not steps and skipped:
+        raise PlanInputError(
+            f"--rollouts {root}: all {skipped} saved trajectories have no sampled tokens "
+            "(loss_mask all 0): nothing to replay; give a run's rollouts that generated"
+        )
     if not steps:
         raise PlanInputError(f"--rollouts {root}: no step_NNNNNN.jsonl with rollouts in it")
-    return steps
+    return steps, skipped
 
 
 def measured_rollout_s(run_dir: str | Path) -> dict[int, float]:

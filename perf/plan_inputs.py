@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perf.shapes import DecoderShape
+from perf.shapes import QWEN2_5_14B, DecoderShape
 
 # published configs (config.json of each model on its hub page)
 SHAPES = {
     "Qwen/Qwen3-14B": DecoderShape(5120, 17408, 40, 40, 8, 128, 151936),
     "Qwen/Qwen3-8B": DecoderShape(4096, 12288, 36, 32, 8, 128, 151936),
     "Qwen/Qwen3-1.7B": DecoderShape(2048, 6144, 28, 16, 8, 128, 151936),
-    "Qwen/Qwen2.5-14B": DecoderShape(5120, 13824, 48, 40, 8, 128, 152064),
+    "Qwen/Qwen2.5-14B": QWEN2_5_14B,
 }
 
 

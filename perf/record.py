@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,19 @@ def commit() -> str:
         check=False,
     )
     return proc.stdout.strip() or "unknown"
+
+
+def fit_line(points: list[tuple[float, float]], what: str = "points") -> tuple[float, float]:
+    """Least-squares line of y over x: (slope, intercept). ValueError (naming ``what``) when
+    the points have fewer than two distinct x: no line fits them."""
+    if len({x for x, _ in points}) < 2:
+        xs = sorted({x for x, _ in points})
+        raise ValueError(f"{what}: a line needs at least two distinct x values, got {xs}")
+    mx = statistics.fmean(x for x, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    den = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / den
+    return slope, my - slope * mx
 
 
 def record(result: dict[str, Any], name: str) -> Path:

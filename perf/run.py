@@ -49,8 +49,8 @@ def hardware() -> dict[str, Any]:
 
 
 def _gpu_name() -> str | None:
-    """``N x NAME`` of the GPUs here: nvidia-smi, else rocm-smi, else what torch sees (a ROCm
-    build of torch names AMD GPUs too); None without GPUs."""
+    """``N x NAME`` of the GPUs here: nvidia-smi, else rocm-smi, else what torch sees in a
+    child process (a ROCm build of torch names AMD GPUs too); None without GPUs."""
     names = _tool_lines(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
     if not names:
         text = _tool_output(["rocm-smi", "--showproductname", "--json"])
@@ -79,26 +79,32 @@ def rocm_smi_names(text: str) -> list[str]:
     return names
 
 
-def _tool_output(command: list[str]) -> str | None:
+def _tool_output(command: list[str], timeout_s: float = 30) -> str | None:
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
 
 
-def _tool_lines(command: list[str]) -> list[str]:
-    return [line.strip() for line in (_tool_output(command) or "").splitlines() if line.strip()]
+def _tool_lines(command: list[str], timeout_s: float = 30) -> list[str]:
+    out = _tool_output(command, timeout_s) or ""
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+# run by _torch_gpu_names in a child: torch.cuda there opens a CUDA (or HIP) context, which
+# the suite's parent process must not hold while its benchmarks use the GPUs
+_TORCH_GPU_NAMES = (
+    "import torch\n"
+    "if torch.cuda.is_available():\n"
+    "    for i in range(torch.cuda.device_count()):\n"
+    "        print(torch.cuda.get_device_name(i))\n"
+)
 
 
 def _torch_gpu_names() -> list[str]:
-    try:
-        import torch
-    except ImportError:
-        return []
-    if not torch.cuda.is_available():
-        return []
-    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    """The GPU names torch sees, asked in a short child process (none without torch)."""
+    return _tool_lines([sys.executable, "-c", _TORCH_GPU_NAMES], timeout_s=120)
 
 
 def host_tag(hw: dict[str, Any]) -> str:

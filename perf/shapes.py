@@ -20,6 +20,33 @@ QWEN3_1_7B = {
     "rope_theta": 1000000.0,
 }
 
+# Qwen3-14B's published config (what configs/rstar2_14b_mi300x.yaml trains), without weights
+QWEN3_14B = {
+    "hidden_size": 5120,
+    "intermediate_size": 17408,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": False,
+}
+
+# bytes per element of a model dtype (config spellings and their short names)
+DTYPE_BYTES = {
+    "float32": 4,
+    "fp32": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "float8": 1,
+    "fp8": 1,
+}
+
 
 @dataclass(frozen=True)
 class DecoderShape:
@@ -55,6 +82,10 @@ class DecoderShape:
         """bf16 K and V of every layer."""
         return 2 * self.layers * self.kv_heads * self.head_dim * 2
 
+    def weight_bytes(self, dtype_bytes: int = 2) -> int:
+        """Every weight (:attr:`weight_params`) at ``dtype_bytes`` each (bf16: 2)."""
+        return self.weight_params * dtype_bytes
+
     @property
     def matmul_params(self) -> int:
         """The parameters of every matmul, lm_head included (embeddings are lookups)."""
@@ -72,3 +103,7 @@ class DecoderShape:
         """6 x matmul parameters + causal attention at mean ``context`` (as perf/learner.py)."""
         attention = 2 * self.layers * self.heads * self.head_dim * context / 2
         return 6 * self.matmul_params + 6 * attention
+
+
+# Qwen2.5-14B's published config: the step-cost benchmark's default engine model
+QWEN2_5_14B = DecoderShape(5120, 13824, 48, 40, 8, 128, 152064)

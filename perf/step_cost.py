@@ -41,12 +41,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from perf.record import commit, hardware
-from perf.shapes import DecoderShape
+from perf.record import commit, fit_line, hardware
+from perf.shapes import QWEN2_5_14B, DecoderShape
 
 SHAPES = {
     # Qwen2.5-14B, the simulator's default engine model
-    "qwen2.5-14b": DecoderShape(5120, 13824, 48, 40, 8, 128, 152064),
+    "qwen2.5-14b": QWEN2_5_14B,
     # small enough for a CPU smoke run
     "tiny": DecoderShape(256, 512, 2, 4, 2, 64, 1024),
 }
@@ -138,15 +138,6 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object], int], float]
     return time_it
 
 
-def _slope(points: list[tuple[float, float]]) -> float:
-    """Least-squares slope of y over x."""
-    mx = statistics.fmean(x for x, _ in points)
-    my = statistics.fmean(y for _, y in points)
-    num = sum((x - mx) * (y - my) for x, y in points)
-    den = sum((x - mx) ** 2 for x, _ in points)
-    return num / den
-
-
 def measure(
     shape: DecoderShape,
     device: torch.device,
@@ -196,8 +187,8 @@ def measure(
             t = time_it(partial(F.scaled_dot_product_attention, q, k, v), repeats)
             points.append((batch * context, t))
             raw_attention.append({"batch": batch, "context": context, "layer_s": t})
-        per_kv_token = _slope(points) * s.layers
-        per_decode_token = _slope([(1, base), *decode_batches.items()])
+        per_kv_token = fit_line(points, "decode attention contexts")[0] * s.layers
+        per_decode_token = fit_line([(1, base), *decode_batches.items()], "decode batches")[0]
         # the check: one whole decode step (every layer attending to its cached context)
         # against the additive model's price for it
         batch, context = check_step
@@ -273,6 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "decoder": asdict(shape),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
+        "tensor_parallel_size": 1,  # kernels on one device: perf.plan scales to its TP
         "torch": torch.__version__,
         "cost": {
             k: m[k] for k in ("step_base_s", "per_token_s", "per_decode_token_s", "per_kv_token_s")

@@ -91,14 +91,17 @@ def _split_turns(
     return tuple(turns)
 
 
-def row_from_rollout(record: dict[str, Any], row_id: str) -> TraceRow:
+def row_from_rollout(record: dict[str, Any], row_id: str) -> TraceRow | None:
     """One trace row from a rollout an RL run saved (``rstar2 train --save-rollouts``): the
     assistant turns are the sampled runs of its loss mask, each followed by the tool response
     the loop appended (unsampled tokens); a turn's tool latency spans its ``tool`` spans (the
-    first start to the last end, parallel calls overlapping). ValueError: the record's spans
-    and loss mask disagree."""
+    first start to the last end, parallel calls overlapping). None: a trajectory with no
+    sampled token (nothing was generated: no turn to replay), for the caller to skip.
+    ValueError: the record's spans and loss mask disagree."""
     traj = record.get("trajectory", record)
     mask: list[int] = traj["loss_mask"]
+    if not any(mask):
+        return None
     runs: list[list[int]] = []  # [sampled, unsampled after it]
     for i, m in enumerate(mask):
         if m and (i == 0 or not mask[i - 1]):
@@ -120,8 +123,6 @@ def row_from_rollout(record: dict[str, Any], row_id: str) -> TraceRow:
         if latency is None and tool:
             latency = 0.0
         turns.append(TraceTurn(gen, latency, tool or None))
-    if not turns:
-        raise ValueError("no sampled tokens")
     return TraceRow(row_id, len(traj["prompt_ids"]), tuple(turns), session=row_id)
 
 

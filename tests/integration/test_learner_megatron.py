@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from perf.shapes import QWEN3_14B
 from rstar2.algo.loss import LossSettings
 from rstar2.config import ConfigError, TorchLearnerConfig
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
@@ -210,22 +211,6 @@ def test_a_data_parallel_checkpoint_resumes_bit_exactly(models, tmp_path: Path) 
     for name, w in got["going_on"]["weights"].items():
         assert torch.equal(got["resumed"]["weights"][name], w), name
     assert "loads only at the same TP and PP with several replicas" in got["refused"]
-
-
-# Qwen3-14B's published config (what configs/rstar2_14b_mi300x.yaml trains), without weights
-QWEN3_14B = {
-    "hidden_size": 5120,
-    "intermediate_size": 17408,
-    "num_hidden_layers": 40,
-    "num_attention_heads": 40,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000,
-    "tie_word_embeddings": False,
-}
 
 
 @pytest.fixture(scope="module")

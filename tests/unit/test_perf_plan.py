@@ -8,11 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from perf import plan, plan_inputs
+from perf import engine_cost, plan, plan_inputs
 from perf.plan_check import load_run_traces, measured_rollout_s
-from perf.shapes import DecoderShape
+from perf.record import fit_line
+from perf.shapes import QWEN3_14B, DecoderShape
+from rstar2.config_io import load_config
 from scheduler.sim import StepCostModel
-from scheduler.trace import row_from_rollout
+from scheduler.trace import TraceRow, TraceTurn, row_from_rollout
+
+RECIPE_14B = "configs/rstar2_14b_mi300x.yaml"
 
 
 def test_qwen3_14b_shape_counts_its_published_parameters():
@@ -22,15 +26,7 @@ def test_qwen3_14b_shape_counts_its_published_parameters():
 
 
 def test_a_checkpoint_config_gives_the_same_shape_as_the_table():
-    config = {
-        "hidden_size": 5120,
-        "intermediate_size": 17408,
-        "num_hidden_layers": 40,
-        "num_attention_heads": 40,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "vocab_size": 151936,
-    }
+    config = dict(QWEN3_14B)
     assert DecoderShape.from_hf_config(config) == plan_inputs.SHAPES["Qwen/Qwen3-14B"]
     del config["head_dim"]  # Llama-style: hidden / heads
     assert DecoderShape.from_hf_config(config).head_dim == 128
@@ -134,8 +130,8 @@ def _saved_run(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_a_saved_run_is_read_step_by_step(tmp_path):
     rollouts, run = _saved_run(tmp_path)
-    steps = load_run_traces(rollouts)
-    assert sorted(steps) == [1, 2] and len(steps[1]) == 8
+    steps, skipped = load_run_traces(rollouts)
+    assert sorted(steps) == [1, 2] and len(steps[1]) == 8 and skipped == 0
     assert measured_rollout_s(run) == {1: 2.0, 2: 3.0}
     (rollouts / "step_000003.jsonl").write_text('{"group": 0}\n')
     with pytest.raises(plan_inputs.PlanInputError, match=r"step_000003\.jsonl:1"):
@@ -175,3 +171,105 @@ def test_the_plan_sets_a_saved_run_beside_its_measured_rollout(tmp_path, capsys)
     assert 0.2 < figures["rollout_s"] < 2.0 and figures["sync_s"] is None
     assert plan.main(argv[:2]) == 2  # cpu: no datasheet, so the cost must be measured
     assert "perf.engine_cost" in capsys.readouterr().err
+
+
+def test_a_measured_cost_is_scaled_from_its_own_tp_to_the_plans():
+    a = plan_inputs.assumptions(_args("--tp-efficiency", "0.5"), "rocm")
+    measured = StepCostModel(step_base_s=0.004, per_token_s=4e-5, per_kv_token_s=4e-8)
+    shape = plan_inputs.SHAPES["Qwen/Qwen3-14B"]
+    assert plan.engine_cost(a, shape, 4, measured, measured_tp=4) == measured
+    at_two = plan.engine_cost(a, shape, 4, measured, measured_tp=2)
+    assert at_two.per_token_s == pytest.approx(measured.per_token_s / 2)  # 2x0.5 -> 4x0.5
+    at_one = plan.engine_cost(a, shape, 1, measured, measured_tp=4)
+    assert at_one.step_base_s == pytest.approx(measured.step_base_s * 2)
+
+
+def _engine_line(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("engine:"))
+
+
+def test_the_plan_reads_the_tp_a_cost_file_was_measured_at(tmp_path, capsys):
+    constants = {"step_base_s": 0.004, "per_token_s": 4e-5, "per_kv_token_s": 4e-8}
+    new, old = tmp_path / "tp4.json", tmp_path / "old.json"
+    new.write_text(json.dumps({"tensor_parallel_size": 4, "dtype": "bfloat16", "cost": constants}))
+    old.write_text(json.dumps(constants))
+    assert plan.main(["--config", RECIPE_14B, "--cost", str(new)]) == 0  # the recipe: TP 4
+    out = capsys.readouterr().out
+    assert "step cost 4.00 ms + 40.00 us/token" in _engine_line(out)  # measured at its TP
+    assert "measured at TP 4 (dtype bfloat16)" in out
+    assert plan.main(["--config", RECIPE_14B, "--cost", str(old)]) == 0
+    out = capsys.readouterr().out
+    assert "step cost 1.25 ms" in _engine_line(out)  # 4 GPUs at 80%
+    assert "records no tensor_parallel_size" in out and "--cost-tp" in out
+    assert plan.main(["--config", RECIPE_14B, "--cost", str(old), "--cost-tp", "4"]) == 0
+    assert "step cost 4.00 ms" in _engine_line(capsys.readouterr().out)
+
+
+def test_weight_and_kv_bytes_follow_the_model_dtype():
+    cfg = load_config(RECIPE_14B)
+    assert cfg.model.dtype == "bfloat16"
+    fp32 = cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": "float32"})})
+    a = plan_inputs.assumptions(_args(), "rocm")
+    shape = plan_inputs.SHAPES["Qwen/Qwen3-14B"]
+    wake = a["wake_s"].value
+    bf16_sync, fp32_sync = plan._sync_s(cfg, a, shape), plan._sync_s(fp32, a, shape)
+    assert bf16_sync is not None and fp32_sync is not None
+    assert fp32_sync - wake == pytest.approx(2 * (bf16_sync - wake))
+    # fp32: twice the weights per GPU and twice the bytes per KV token
+    per_gpu = a["gpu_memory_gb"].value * 1e9 * cfg.rollout.gpu_memory_utilization - 15e9
+    tp = cfg.rollout.tensor_parallel_size
+    expected = (per_gpu - 4 * shape.weight_params / tp) * tp / (2 * shape.kv_bytes_per_token)
+    assert plan.engine_kv_tokens(a, shape, fp32) == int(expected)
+    assert plan.dtype_bytes(fp32) == 4 and plan.DTYPE_BYTES["fp8"] == 1
+    datasheet = plan.engine_cost(a, shape, 1, None, nbytes=4)
+    assert datasheet.step_base_s == pytest.approx(
+        plan.engine_cost(a, shape, 1, None, nbytes=2).step_base_s * 2
+    )
+
+
+def test_an_engine_without_kv_space_is_one_line_naming_what_to_change(capsys):
+    assert plan.main(["--config", RECIPE_14B, "--engine-activation-gb", "1000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--engine-activation-gb" in err[0]
+    assert "rollout.tensor_parallel_size" in err[0]
+    # KV for a few tokens only: the simulator refuses the trajectories (a SchedulerError)
+    assert plan.main(["--config", RECIPE_14B, "--gpu-memory-gb", "28.05"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs" in err[0] and "max_response_tokens" in err[0]
+
+
+def test_engine_cost_refuses_a_fit_over_one_distinct_point(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        engine_cost.main(["--config", "x", "--decode-batches", "8", "8"])
+    assert exit_.value.code == 2
+    assert "--decode-batches: give at least two distinct values" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        engine_cost.main(["--config", "x", "--prefill-lengths", "128"])
+    assert "--prefill-lengths" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="at least two distinct x"):
+        fit_line([(8, 0.1), (8, 0.2)], "batches")
+    assert fit_line([(1, 3.0), (2, 5.0), (3, 7.0)]) == pytest.approx((2.0, 1.0))
+
+
+def test_a_rollout_with_no_sampled_token_is_skipped(tmp_path):
+    assert row_from_rollout(_rollout(0, 0, [], []), "r") is None
+    empty = {"group": 0, "sample": 1, "trajectory": {"prompt_ids": [1], "loss_mask": [0, 0]}}
+    assert row_from_rollout(empty, "r") is None
+    rollouts = tmp_path / "rollouts"
+    rollouts.mkdir()
+    good = _rollout(0, 0, [(4, 0)], [["generate", 0, 1]])
+    (rollouts / "step_000001.jsonl").write_text(json.dumps(empty) + "\n" + json.dumps(good))
+    (rollouts / "step_000002.jsonl").write_text(json.dumps(empty) + "\n")
+    steps, skipped = load_run_traces(rollouts)
+    assert sorted(steps) == [1] and len(steps[1]) == 1 and skipped == 2
+    (rollouts / "step_000001.jsonl").write_text(json.dumps(empty) + "\n")
+    with pytest.raises(plan_inputs.PlanInputError, match="all 2 saved trajectories have no"):
+        load_run_traces(rollouts)
+
+
+def test_the_last_turns_tool_call_adds_no_default_tool_tokens():
+    turns = (TraceTurn(10, 0.1, 5), TraceTurn(20, 0.2), TraceTurn(30, 0.3))
+    row = TraceRow("r", 7, turns)
+    # the middle call takes the default 128; the last one has no turn after it: none
+    assert plan._train_tokens(row, 128) == 7 + 60 + 5 + 128
+    assert plan._train_tokens(TraceRow("r", 7, (TraceTurn(20, 0.3, 0),)), 128) == 27

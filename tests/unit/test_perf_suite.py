@@ -115,3 +115,21 @@ def test_rocm_smi_product_names_read_in_either_key_spelling():
     assert rocm_smi_names("WARNING: no AMD GPUs") == []
     hw = {"gpu": "8 x AMD Instinct MI300X OAM", "cpu": "x86_64", "cores": 2, "memory_gib": 24}
     assert host_tag(hw) == "8x-amd-instinct-mi300x-oam"
+
+
+def test_torch_names_the_gpus_from_a_child_process():
+    """The suite's parent must not open a CUDA context (its benchmarks use the GPUs)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from perf.run import _torch_gpu_names\n"
+        "names = _torch_gpu_names()\n"
+        "assert isinstance(names, list)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported in the parent'\n"
+    )
+    from tests.conftest import REPO
+
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

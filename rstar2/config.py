@@ -82,6 +82,13 @@ class DataConfig(_Section):
         True,
         description="Drop training problems sharing a word 8-gram with any built-in benchmark.",
     )
+    strict: bool = Field(
+        False,
+        description="Stop with a one-line error on a bad training or eval row (not JSON, a "
+        "missing or non-string problem or answer, a repeated id, a prompt over "
+        "max_prompt_tokens) instead of skipping it with one warning line and a count in "
+        "metrics.jsonl.",
+    )
 
 
 class RolloutConfig(_Section):

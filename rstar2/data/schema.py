@@ -71,9 +71,14 @@ def validate_row(row: Mapping[str, Any], where: str) -> None:
     for message in prompt:
         if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
             raise DataError(f"{where}: each prompt message needs 'role' and 'content'")
+        if not isinstance(message["content"], str):
+            kind = type(message["content"]).__name__
+            raise DataError(f"{where}: prompt content is {kind}, not a string")
     truth = row["reward_model"].get("ground_truth")
     if truth is None or str(truth).strip() == "":
         raise DataError(f"{where}: empty 'reward_model.ground_truth'")
+    if isinstance(truth, bool) or not isinstance(truth, str | int | float):
+        raise DataError(f"{where}: 'reward_model.ground_truth' is {type(truth).__name__}")
 
 
 def problem_text(row: Mapping[str, Any]) -> str:

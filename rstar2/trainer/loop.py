@@ -102,6 +102,11 @@ class Trainer:
             dropped = self.train.decontaminated
             self._say(f"data: dropped {dropped} training problem(s) overlapping a benchmark")
         self.evals = load_eval_problems(self.cfg, self.template)
+        evals = [(f"data.eval_datasets {spec}", p) for spec, p in self.evals.items()]
+        for key, problems in [("data.train_datasets", self.train), *evals]:
+            warning = problems.skip_warning(key)
+            if warning:
+                self._say(f"data: {warning}")
         self.source = RolloutSource(
             self.cfg,
             self.train,
@@ -233,6 +238,8 @@ class Trainer:
                 "stage_problems": len(pool) if pool is not None else len(self.train.rows),
                 "reset_optimizer": stage.reset_optimizer,
                 "reset_reference": stage.reset_reference,
+                "data/skipped_rows": len(self.train.skipped),
+                **{f"data/skipped_{k}": n for k, n in self.train.skip_counts().items()},
             }
         )
 

@@ -177,3 +177,11 @@ def assumptions(args: argparse.Namespace, accelerator: str) -> dict[str, Assumpt
             source = f"set by {flag(name)} (default {default}: {source})"
         out[name] = Assumption(name, value, unit, source, flag(name))
     return out
+
+
+def required(a: dict[str, Assumption], name: str) -> float:
+    """An assumption's value; with none, an input error naming the flag that gives it."""
+    value = a[name].value
+    if value is None:
+        raise PlanInputError(f"{a[name].flag}: {a[name].source}; give it")
+    return value

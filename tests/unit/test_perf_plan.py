@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from perf import engine_cost, plan, plan_inputs
+from perf import engine_cost, plan, plan_engine, plan_inputs, plan_step
 from perf.plan_check import load_run_traces, measured_rollout_s
 from perf.record import fit_line
-from perf.shapes import QWEN3_14B, DecoderShape
+from perf.shapes import DTYPE_BYTES, QWEN3_14B, DecoderShape
 from rstar2.config_io import load_config
 from scheduler.sim import StepCostModel
 from scheduler.trace import TraceRow, TraceTurn, row_from_rollout
@@ -54,8 +54,8 @@ def test_engine_cost_divides_over_tensor_parallel_width():
     assert "set by --tp-efficiency" in a["tp_efficiency"].source
     measured = StepCostModel(step_base_s=0.004, per_token_s=4e-5, per_kv_token_s=4e-8)
     shape = plan_inputs.SHAPES["Qwen/Qwen3-14B"]
-    one = plan.engine_cost(a, shape, 1, measured)
-    four = plan.engine_cost(a, shape, 4, measured)
+    one = plan_engine.engine_cost(a, shape, 1, measured)
+    four = plan_engine.engine_cost(a, shape, 4, measured)
     assert one == measured
     assert four.per_token_s == pytest.approx(measured.per_token_s / 2)  # 4 GPUs at 50%
 
@@ -63,7 +63,7 @@ def test_engine_cost_divides_over_tensor_parallel_width():
 def test_without_a_datasheet_the_engine_cost_must_be_measured():
     a = plan_inputs.assumptions(_args(), "cpu")
     with pytest.raises(plan_inputs.PlanInputError, match=r"perf\.engine_cost"):
-        plan.engine_cost(a, plan_inputs.SHAPES["Qwen/Qwen3-14B"], 1, None)
+        plan_engine.engine_cost(a, plan_inputs.SHAPES["Qwen/Qwen3-14B"], 1, None)
 
 
 def test_the_14b_recipe_breakdown(capsys):
@@ -177,10 +177,10 @@ def test_a_measured_cost_is_scaled_from_its_own_tp_to_the_plans():
     a = plan_inputs.assumptions(_args("--tp-efficiency", "0.5"), "rocm")
     measured = StepCostModel(step_base_s=0.004, per_token_s=4e-5, per_kv_token_s=4e-8)
     shape = plan_inputs.SHAPES["Qwen/Qwen3-14B"]
-    assert plan.engine_cost(a, shape, 4, measured, measured_tp=4) == measured
-    at_two = plan.engine_cost(a, shape, 4, measured, measured_tp=2)
+    assert plan_engine.engine_cost(a, shape, 4, measured, measured_tp=4) == measured
+    at_two = plan_engine.engine_cost(a, shape, 4, measured, measured_tp=2)
     assert at_two.per_token_s == pytest.approx(measured.per_token_s / 2)  # 2x0.5 -> 4x0.5
-    at_one = plan.engine_cost(a, shape, 1, measured, measured_tp=4)
+    at_one = plan_engine.engine_cost(a, shape, 1, measured, measured_tp=4)
     assert at_one.step_base_s == pytest.approx(measured.step_base_s * 2)
 
 
@@ -212,18 +212,18 @@ def test_weight_and_kv_bytes_follow_the_model_dtype():
     a = plan_inputs.assumptions(_args(), "rocm")
     shape = plan_inputs.SHAPES["Qwen/Qwen3-14B"]
     wake = a["wake_s"].value
-    bf16_sync, fp32_sync = plan._sync_s(cfg, a, shape), plan._sync_s(fp32, a, shape)
+    bf16_sync, fp32_sync = plan_step._sync_s(cfg, a, shape), plan_step._sync_s(fp32, a, shape)
     assert bf16_sync is not None and fp32_sync is not None
     assert fp32_sync - wake == pytest.approx(2 * (bf16_sync - wake))
     # fp32: twice the weights per GPU and twice the bytes per KV token
     per_gpu = a["gpu_memory_gb"].value * 1e9 * cfg.rollout.gpu_memory_utilization - 15e9
     tp = cfg.rollout.tensor_parallel_size
     expected = (per_gpu - 4 * shape.weight_params / tp) * tp / (2 * shape.kv_bytes_per_token)
-    assert plan.engine_kv_tokens(a, shape, fp32) == int(expected)
-    assert plan.dtype_bytes(fp32) == 4 and plan.DTYPE_BYTES["fp8"] == 1
-    datasheet = plan.engine_cost(a, shape, 1, None, nbytes=4)
+    assert plan_engine.engine_kv_tokens(a, shape, fp32) == int(expected)
+    assert plan_engine.dtype_bytes(fp32) == 4 and DTYPE_BYTES["fp8"] == 1
+    datasheet = plan_engine.engine_cost(a, shape, 1, None, nbytes=4)
     assert datasheet.step_base_s == pytest.approx(
-        plan.engine_cost(a, shape, 1, None, nbytes=2).step_base_s * 2
+        plan_engine.engine_cost(a, shape, 1, None, nbytes=2).step_base_s * 2
     )
 
 
@@ -271,5 +271,5 @@ def test_the_last_turns_tool_call_adds_no_default_tool_tokens():
     turns = (TraceTurn(10, 0.1, 5), TraceTurn(20, 0.2), TraceTurn(30, 0.3))
     row = TraceRow("r", 7, turns)
     # the middle call takes the default 128; the last one has no turn after it: none
-    assert plan._train_tokens(row, 128) == 7 + 60 + 5 + 128
-    assert plan._train_tokens(TraceRow("r", 7, (TraceTurn(20, 0.3, 0),)), 128) == 27
+    assert plan_step._train_tokens(row, 128) == 7 + 60 + 5 + 128
+    assert plan_step._train_tokens(TraceRow("r", 7, (TraceTurn(20, 0.3, 0),)), 128) == 27

@@ -44,6 +44,13 @@ Invariants (tested):
   ``kv_affinity``: new trajectories, or new ones on that engine) holds until it fits; running
   dispatches finish in bounded tokens, which frees their reservations.
 
+Engine faults: :meth:`Scheduler.engine_down` takes an engine out (no dispatch goes to it; the
+trajectories homed there lose their home and reservation and are placed afresh, re-prefilling
+elsewhere); the caller reports each dispatch that was running there with
+:meth:`Scheduler.dispatch_failed`, which queues its turn again from the trajectory's committed
+context. :meth:`Scheduler.engine_up` brings it back. The invariants above hold throughout, over
+the engines that are up; with none up nothing is scheduled (the caller decides to stop).
+
 What the scheduler cannot control: an engine's prefix cache is LRU, so a prefix kept through a
 long wait may still be evicted by newer cache entries (the simulator counts that recompute).
 """
@@ -193,6 +200,50 @@ class Scheduler:
                 engine.live_trajectories -= 1
         traj.state = "done"
 
+    def dispatch_failed(self, traj_id: str) -> None:
+        """A dispatch ended without output (its engine failed): the turn waits to run again
+        from the trajectory's committed context; nothing it generated counts."""
+        traj = self._get(traj_id, expect="running")
+        if traj.home is not None:
+            engine = self.engines[traj.home]
+            engine.in_flight -= 1
+            self._dirty.add(engine.engine_id)
+        self.stats.redispatches += 1
+        self._enqueue(traj)
+
+    def engine_down(self, engine_id: int) -> None:
+        """The engine failed: nothing is placed on it until :meth:`engine_up`. Trajectories
+        homed there lose their home and reservation (their next dispatch re-prefills
+        elsewhere); the caller reports the dispatches that were running there with
+        :meth:`dispatch_failed`."""
+        engine = self._engine(engine_id)
+        if engine.down:
+            return
+        engine.down = True
+        self.stats.engines_down += 1
+        engine.reserved_tokens = engine.in_flight = engine.live_trajectories = 0
+        engine.waiting_holds.clear()
+        self._heads.pop(engine_id, None)
+        for traj in self._trajs.values():
+            if traj.home != engine_id:
+                continue
+            traj.home, traj.reserved = None, 0
+            if traj.state == "waiting":
+                self._enqueue(traj)  # out of its home queue (a stale entry there now)
+
+    def engine_up(self, engine_id: int, capacity_tokens: int | None = None) -> None:
+        """The engine (restarted, empty) takes dispatches again."""
+        engine = self._engine(engine_id)
+        engine.down = False
+        engine.reported_used_tokens = engine.reported_running = engine.reported_waiting = 0
+        if capacity_tokens is not None and capacity_tokens > 0:
+            engine.capacity_tokens = capacity_tokens
+        self._dirty.add(engine_id)
+
+    @property
+    def engines_up(self) -> int:
+        return sum(not e.down for e in self.engines)
+
     def update_engine(
         self,
         engine_id: int,
@@ -205,9 +256,9 @@ class Scheduler:
     ) -> None:
         """The engine's own live stats. Admission treats the larger of the engine's reported
         use and the scheduler's reservations as taken (other clients may share the engine)."""
-        if not 0 <= engine_id < len(self.engines):
-            raise SchedulerError(f"unknown engine {engine_id}")
-        engine = self.engines[engine_id]
+        engine = self._engine(engine_id)
+        if engine.down:
+            return  # a dead engine's last stats mean nothing
         self._dirty.add(engine_id)
         engine.reported_used_tokens = used_tokens
         engine.reported_running = running
@@ -225,7 +276,7 @@ class Scheduler:
         out: list[Assignment] = []
         while self._admitted and (limit is None or len(out) < limit):
             traj = self._trajs.get(self._admitted.popleft())
-            if traj is not None and traj.state == "waiting":
+            if traj is not None and traj.state == "waiting" and traj.home is not None:
                 out.append(
                     self._start(traj, self.engines[traj.home or 0], traj.remaining_tokens, 0)
                 )
@@ -358,6 +409,11 @@ class Scheduler:
 
     # ---- internals ----
 
+    def _engine(self, engine_id: int) -> EngineState:
+        if not 0 <= engine_id < len(self.engines):
+            raise SchedulerError(f"unknown engine {engine_id}")
+        return self.engines[engine_id]
+
     def _get(self, traj_id: str, expect: TrajectoryPhase | None = None) -> TrajectoryState:
         traj = self._trajs.get(traj_id)
         if traj is None:
@@ -477,18 +533,25 @@ class Scheduler:
             return self._place_kv_capacity(traj)
         if policy == "kv_affinity":
             return self._place_kv_affinity(traj)
+        up = (e for e in self.engines if not e.down)
+        found: EngineState | None
         if policy == "round_robin":
-            engine = self.engines[self._rr_next]
-            self._rr_next = (self._rr_next + 1) % len(self.engines)
+            n = len(self.engines)
+            turn = (self.engines[(self._rr_next + i) % n] for i in range(n))
+            found = next((e for e in turn if not e.down), None)
+            if found is not None:
+                self._rr_next = (found.engine_id + 1) % n
         elif policy == "least_requests":
-            engine = min(self.engines, key=lambda e: (e.in_flight, e.engine_id))
-        else:  # sticky
-            if traj.home is None:
-                engine = min(self.engines, key=lambda e: (e.live_trajectories, e.engine_id))
-                engine.live_trajectories += 1
-            else:
-                engine = self.engines[traj.home]
-        return self._start(traj, engine, traj.remaining_tokens, 0)
+            found = min(up, key=lambda e: (e.in_flight, e.engine_id), default=None)
+        elif traj.home is None:  # sticky
+            found = min(up, key=lambda e: (e.live_trajectories, e.engine_id), default=None)
+            if found is not None:
+                found.live_trajectories += 1
+        else:
+            found = self.engines[traj.home]
+        if found is None:
+            return None  # every engine is down
+        return self._start(traj, found, traj.remaining_tokens, 0)
 
     def _place_kv_capacity(self, traj: TrajectoryState) -> Assignment | None:
         need = self._blocks(traj.prompt_tokens + traj.max_response_tokens)

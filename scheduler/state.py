@@ -84,12 +84,14 @@ class EngineState:
     max_running: int | None = None  # the engine's own batch limit (vLLM's max_num_seqs)
     # kv_affinity: prefixes held here by trajectories now waiting to be placed
     waiting_holds: dict[str, int] = field(default_factory=dict)
+    down: bool = False  # failed: takes no dispatch until it is up again
 
     @property
     def free_tokens(self) -> int:
         """KV an admission may take here; -1 while the engine runs its most requests (a request
-        queued inside the engine would hold nothing, and its cached prefix could age out)."""
-        if self.max_running is not None and self.in_flight >= self.max_running:
+        queued inside the engine would hold nothing, and its cached prefix could age out) or
+        while it is down."""
+        if self.down or (self.max_running is not None and self.in_flight >= self.max_running):
             return -1
         return self.capacity_tokens - max(self.reserved_tokens, self.reported_used_tokens)
 
@@ -121,13 +123,15 @@ class SchedulerStats:
     dispatches: int = 0
     moves: int = 0
     continuations: int = 0  # dispatches that continue a turn past a segment
+    redispatches: int = 0  # dispatches that failed (their engine died) and were queued again
+    engines_down: int = 0  # engine_down events
     peak_waiting: int = 0
     per_engine_dispatches: dict[int, int] = field(default_factory=dict)
 
 
 def free_besides(engine: EngineState, own_tokens: int) -> int:
     """Free KV on ``engine`` for a trajectory that already holds ``own_tokens`` there."""
-    if engine.max_running is not None and engine.in_flight >= engine.max_running:
+    if engine.down or (engine.max_running is not None and engine.in_flight >= engine.max_running):
         return -1
     taken = max(engine.reserved_tokens - own_tokens, engine.reported_used_tokens)
     return engine.capacity_tokens - taken

@@ -228,8 +228,16 @@ def test_reported_usage_from_other_clients_limits_admission() -> None:
     assert len(s.schedule()) == 1
 
 
-def _drive(policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int) -> None:
-    """Run jobs (prompt, turn lengths) to completion with random event order; check invariants."""
+def _drive(
+    policy: Policy,
+    caps: list[int],
+    jobs: list[tuple[int, list[int]]],
+    seed: int,
+    fault_rate: float = 0.0,
+) -> Scheduler:
+    """Run jobs (prompt, turn lengths) to completion with random event order; check invariants.
+    ``fault_rate``: per event, the chance that an engine fails (its running dispatches are lost
+    and reported failed; never the last one up) or that a failed one comes back."""
     rng = random.Random(seed)
     s = _sched(policy, caps, initial_segment_tokens=64, min_segment_tokens=16, max_bypass=4)
     budget = 600
@@ -244,6 +252,7 @@ def _drive(policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], s
     for _ in range(20_000):
         for a in s.schedule():
             assert a.traj_id not in running
+            assert not s.engines[a.engine_id].down
             remaining = jobs[int(a.traj_id[1:])][0] + budget - context[a.traj_id]
             assert 1 <= a.max_tokens <= remaining
             if policy == "kv_affinity":
@@ -252,8 +261,24 @@ def _drive(policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], s
         if policy in ADMISSION_POLICIES:
             for e in s.engines:
                 assert 0 <= e.reserved_tokens <= e.capacity_tokens
+        down = [e.engine_id for e in s.engines if e.down]
         if not running and not tool:
-            break
+            if not down:
+                break
+            for engine_id in down:  # what still waits may need a failed engine back
+                s.engine_up(engine_id)
+            continue
+        if rng.random() < fault_rate:
+            up = [e.engine_id for e in s.engines if not e.down]
+            if down and (len(up) == 1 or rng.random() < 0.5):
+                s.engine_up(rng.choice(down))
+            elif len(up) > 1:
+                dead = rng.choice(up)
+                s.engine_down(dead)
+                for tid in [t for t, a in running.items() if a.engine_id == dead]:
+                    del running[tid]  # its tokens are lost with the engine
+                    s.dispatch_failed(tid)
+            continue
         if running and (not tool or rng.random() < 0.7):
             tid = rng.choice(sorted(running))
             a = running.pop(tid)
@@ -278,6 +303,7 @@ def _drive(policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], s
     assert not left, f"unfinished: {sorted(left)}"
     assert s.num_live == 0
     assert all(e.reserved_tokens == 0 and e.in_flight == 0 for e in s.engines)
+    return s
 
 
 @settings(max_examples=100, deadline=None)
@@ -295,6 +321,45 @@ def test_invariants_hold_and_every_trajectory_finishes(
     policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int
 ) -> None:
     _drive(policy, caps, jobs, seed)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    policy=st.sampled_from(POLICIES),
+    caps=st.lists(st.integers(800, 3000), min_size=2, max_size=4),
+    jobs=st.lists(
+        st.tuples(st.integers(1, 150), st.lists(st.integers(1, 300), min_size=1, max_size=4)),
+        min_size=1,
+        max_size=25,
+    ),
+    seed=st.integers(0, 1000),
+)
+def test_engines_failing_and_coming_back_keep_the_invariants(
+    policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int
+) -> None:
+    _drive(policy, caps, jobs, seed, fault_rate=0.05)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_fault_drive_does_fail_engines_mid_dispatch(policy: Policy) -> None:
+    jobs = [(50 + 7 * i, [120, 200, 80]) for i in range(30)]
+    s = _drive(policy, [1500, 2000, 2500], jobs, seed=7, fault_rate=0.2)
+    assert s.stats.engines_down >= 3 and s.stats.redispatches >= 1
+
+
+def test_a_failed_engines_trajectories_move_and_its_dispatch_runs_again() -> None:
+    s = _sched("kv_affinity", [1000, 1000], initial_segment_tokens=64, min_segment_tokens=16)
+    _submit(s, 2, prompt=100, budget=400)
+    first = {a.traj_id: a for a in s.schedule()}
+    assert {a.engine_id for a in first.values()} == {0, 1}
+    dead = first["t0"].engine_id
+    s.engine_down(dead)
+    s.dispatch_failed("t0")
+    again = s.schedule()
+    assert [(a.traj_id, a.engine_id) for a in again] == [("t0", 1 - dead)]
+    assert s.engines[dead].reserved_tokens == 0 and s.stats.redispatches == 1
+    s.engine_up(dead)
+    assert not s.engines[dead].down and s.engines_up == 2
 
 
 def test_a_turn_blocked_on_its_engine_runs_once_the_projected_segment_shrinks() -> None:

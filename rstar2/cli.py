@@ -21,6 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER_ERROR
     from rstar2.data.schema import DataError
     from rstar2.reward.host import RewardHostBroken
+    from rstar2.rollout.dispatch import AllEnginesDown
     from rstar2.trainer.durable import CheckpointError
 
     try:
@@ -32,6 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rstar2: data error: {exc}", file=sys.stderr)
     except CheckpointError as exc:
         print(f"rstar2: checkpoint error: {exc}", file=sys.stderr)
+        return 1
+    except AllEnginesDown as exc:
+        print(f"rstar2: rollout stopped: {exc}", file=sys.stderr)
         return 1
     except RewardHostBroken as exc:
         print(f"rstar2: reward scoring stopped: {exc}", file=sys.stderr)

@@ -11,6 +11,12 @@ reports back. When the scheduler caps a dispatch below the turn's token budget (
 segments), a turn that reaches the cap continues in a further dispatch and the pieces come
 back as one :class:`~rstar2.rollout.engine.Generation`, so the agent loop never sees segments.
 Live KV stats are polled from every engine and fed to the scheduler.
+
+Engine failure: a request that raises :class:`~rstar2.rollout.engine.EngineDown` marks its
+engine down in the scheduler and runs again, on another engine, from the trajectory's committed
+tokens (the prompt and every finished segment; the failed request's tokens are dropped) with
+the same per-request seed, so a trajectory is token-exact and nothing is duplicated. With no
+engine left, :class:`AllEnginesDown` is raised. ``failures`` records each engine failure.
 """
 
 from __future__ import annotations
@@ -18,20 +24,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rstar2.agent.loop import AgentSettings, Observer, Sandbox, Trajectory, run_trajectory
 from rstar2.agent.template import ChatTemplate
-from rstar2.rollout.engine import Engine, Generation, KVStats, SamplingSettings
+from rstar2.rollout.engine import Engine, EngineDown, Generation, KVStats, SamplingSettings
 from scheduler.core import Assignment, Scheduler, SchedulerSettings
 
 _SEGMENT_SEED_STRIDE = 1_000_003  # continuation segments must not replay the first's randomness
+log = logging.getLogger(__name__)
 
 
 class DispatcherClosed(RuntimeError):
     """The dispatcher was closed."""
+
+
+class AllEnginesDown(RuntimeError):
+    """Every engine failed; no request can run."""
+
+
+@dataclass(frozen=True)
+class EngineFailure:
+    engine_id: int
+    at_s: float  # time.monotonic() when the dispatcher saw it
+    reason: str
 
 
 class Dispatcher:
@@ -59,6 +79,7 @@ class Dispatcher:
         self._poller: asyncio.Task[None] | None = None
         self._tasks = tasks
         self._closed = False
+        self.failures: list[EngineFailure] = []
 
     async def __aenter__(self) -> Dispatcher:
         self.start()
@@ -121,6 +142,8 @@ class Dispatcher:
     # ---- internals used by ScheduledEngine ----
 
     async def _placement(self, traj_id: str) -> Assignment:
+        if self.scheduler.engines_up == 0:
+            raise AllEnginesDown(f"all {len(self.engines)} rollout engines are down")
         self._pump()
         placed = self._placed.pop(traj_id, None)
         if placed is not None:
@@ -137,7 +160,25 @@ class Dispatcher:
             else:
                 self._placed[a.traj_id] = a
 
+    def _engine_failed(self, engine_id: int, exc: BaseException) -> None:
+        """Take a failed engine out of scheduling (once); raise AllEnginesDown when it was the
+        last one."""
+        if not self.scheduler.engines[engine_id].down:
+            self.scheduler.engine_down(engine_id)
+            self.failures.append(EngineFailure(engine_id, time.monotonic(), str(exc)))
+            log.warning("rollout engine %d is down (%s); its requests move", engine_id, exc)
+        if self.scheduler.engines_up == 0:
+            error = AllEnginesDown(
+                f"all {len(self.engines)} rollout engines are down; the last: {exc}"
+            )
+            for fut in self._waiters.values():  # nothing will place them
+                if not fut.done():
+                    fut.set_exception(error)
+            raise error from exc
+
     def _refresh(self, engine_id: int) -> None:
+        if self.scheduler.engines[engine_id].down:
+            return
         stats = self.engines[engine_id].kv_stats()
         self.scheduler.update_engine(
             engine_id,
@@ -183,6 +224,7 @@ class ScheduledEngine:
         self._turns = 0
         self.dispatches: list[Assignment] = []
         self.running = False  # placed and not reported back yet
+        self.redispatched = 0  # dispatches lost with a failed engine and run again
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingSettings) -> Generation:
         sched = self._d.scheduler
@@ -191,7 +233,8 @@ class ScheduledEngine:
         self._turns += 1
         ids = list(prompt_ids)
         out = Generation(token_ids=[], logprobs=[], finish_reason="stop")
-        for segment in itertools.count():
+        segment = 0
+        while True:
             a = await self._d._placement(self.traj_id)
             self.running = True
             self.dispatches.append(a)
@@ -201,6 +244,15 @@ class ScheduledEngine:
             piece_sampling = replace(sampling, max_tokens=cap, seed=seed)
             try:
                 piece = await self._d.engines[a.engine_id].generate(ids, piece_sampling)
+            except EngineDown as exc:
+                self.running = False
+                self.redispatched += 1
+                try:
+                    self._d._engine_failed(a.engine_id, exc)
+                finally:
+                    sched.dispatch_failed(self.traj_id)
+                    self._d._pump()
+                continue  # the same segment again, elsewhere, from the committed tokens
             except BaseException:
                 self.running = False
                 sched.generation_finished(self.traj_id, 0, turn_complete=True)
@@ -216,6 +268,7 @@ class ScheduledEngine:
             self._d._refresh(a.engine_id)
             if not more:
                 break
+            segment += 1
         self._d._pump()
         return out
 

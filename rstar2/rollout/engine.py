@@ -15,6 +15,11 @@ from typing import Any, Literal, Protocol
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
+class EngineDown(RuntimeError):
+    """The engine can serve no more requests (its process died or its connection is gone).
+    Raised by ``generate``; the dispatcher then moves the request to another engine."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class SamplingSettings:
     max_tokens: int

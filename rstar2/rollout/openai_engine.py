@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from rstar2.rollout.engine import FinishReason, Generation, KVStats, SamplingSettings
+from rstar2.rollout.engine import EngineDown, FinishReason, Generation, KVStats, SamplingSettings
 
 _METRIC = re.compile(r"^(vllm:[a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", re.MULTILINE)
 
@@ -73,11 +73,15 @@ class OpenAIServerEngine:
             body["stop_token_ids"] = list(sampling.stop_token_ids)
         if sampling.ignore_eos:  # vLLM's extra sampling parameter
             body["ignore_eos"] = True
-        async with self._http().post(f"{self.url}/v1/completions", json=body) as resp:
-            if resp.status != 200:
-                detail = (await resp.text())[:300]
-                return Generation([], [], "error", extra={"http": resp.status, "detail": detail})
-            data = await resp.json()
+        try:
+            async with self._http().post(f"{self.url}/v1/completions", json=body) as resp:
+                if resp.status != 200:
+                    detail = (await resp.text())[:300]
+                    extra = {"http": resp.status, "detail": detail}
+                    return Generation([], [], "error", extra=extra)
+                data = await resp.json()
+        except aiohttp.ClientConnectionError as exc:  # refused, reset, or the server went away
+            raise EngineDown(f"vLLM server {self.url}: {exc}") from exc
         choice = data["choices"][0]
         lp = choice.get("logprobs") or {}
         ids = [int(t.removeprefix("token_id:")) for t in lp.get("tokens", [])]

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rstar2.rollout.engine import Generation, KVStats, SamplingSettings
+from rstar2.rollout.engine import EngineDown, Generation, KVStats, SamplingSettings
 from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
 
 
@@ -158,7 +158,12 @@ class RayEngine:
         return cls(actor, block, stats, stats_interval_s, tasks, tp, str(info["node_ip"]))
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingSettings) -> Generation:
-        result: Generation = await self._actor.generate.remote(list(prompt_ids), sampling)
+        import ray.exceptions
+
+        try:
+            result: Generation = await self._actor.generate.remote(list(prompt_ids), sampling)
+        except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
+            raise EngineDown(f"the engine actor is gone: {exc}".splitlines()[0]) from exc
         return result
 
     def kv_stats(self) -> KVStats:

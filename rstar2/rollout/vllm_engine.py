@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rstar2.config import RolloutConfig
-from rstar2.rollout.engine import FinishReason, Generation, KVStats, SamplingSettings
+from rstar2.rollout.engine import EngineDown, FinishReason, Generation, KVStats, SamplingSettings
 
 WORKER_EXTENSION = "rstar2.rollout.vllm_worker_ext.WeightUpdateExtension"
 
@@ -175,6 +175,8 @@ class VLLMEngine:
             output_kind=RequestOutputKind.FINAL_ONLY,
             detokenize=False,
         )
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         request_id = uuid.uuid4().hex
         final = None
         try:
@@ -182,8 +184,11 @@ class VLLMEngine:
                 TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id
             ):
                 final = output
+        except EngineDeadError as exc:
+            raise EngineDown(f"the vLLM engine core died: {exc}".splitlines()[0]) from exc
         except BaseException:
-            await self._llm.abort(request_id)
+            with contextlib.suppress(EngineDeadError):
+                await self._llm.abort(request_id)
             raise
         if final is None or not final.outputs:
             return Generation(token_ids=[], logprobs=[], finish_reason="error")

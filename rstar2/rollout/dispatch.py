@@ -160,7 +160,7 @@ class Dispatcher:
             else:
                 self._placed[a.traj_id] = a
 
-    def _engine_failed(self, engine_id: int, exc: BaseException) -> None:
+    def engine_failed(self, engine_id: int, exc: BaseException) -> None:
         """Take a failed engine out of scheduling (once); raise AllEnginesDown when it was the
         last one."""
         if not self.scheduler.engines[engine_id].down:
@@ -248,7 +248,7 @@ class ScheduledEngine:
                 self.running = False
                 self.redispatched += 1
                 try:
-                    self._d._engine_failed(a.engine_id, exc)
+                    self._d.engine_failed(a.engine_id, exc)
                 finally:
                     sched.dispatch_failed(self.traj_id)
                     self._d._pump()
@@ -271,6 +271,9 @@ class ScheduledEngine:
             segment += 1
         self._d._pump()
         return out
+
+    def alive(self) -> bool:
+        return self._d.scheduler.engines_up > 0
 
     def kv_stats(self) -> KVStats:
         stats = self._d.engine_stats()

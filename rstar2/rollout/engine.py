@@ -68,6 +68,10 @@ class Engine(Generator, Protocol):
 
     def kv_stats(self) -> KVStats: ...
 
+    def alive(self) -> bool:
+        """False once the engine is known to be dead (cheap; no request is sent)."""
+        ...
+
     async def begin_weight_update(self) -> None:
         """A weight update starts: the buckets of one version follow, then
         :meth:`finish_weight_update`."""

@@ -73,6 +73,9 @@ class HFEngine:
                 await asyncio.sleep(0)  # let tool calls and other trajectories progress
         return Generation(token_ids=out, logprobs=logprobs, finish_reason=reason)
 
+    def alive(self) -> bool:
+        return True  # in this process
+
     def kv_stats(self) -> KVStats:
         return KVStats(_CAPACITY_TOKENS, 0, self._running, 0)
 

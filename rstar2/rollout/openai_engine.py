@@ -112,6 +112,10 @@ class OpenAIServerEngine:
         )
         return self._kv
 
+    def alive(self) -> bool:
+        """Not probed here: a server that went away shows in its next request."""
+        return True
+
     def kv_stats(self) -> KVStats:
         return self._kv
 

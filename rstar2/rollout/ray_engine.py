@@ -64,6 +64,9 @@ class EngineActor:
     def kv_stats(self) -> KVStats:
         return self._get().kv_stats()
 
+    def alive(self) -> bool:
+        return self._get().alive()
+
     async def begin_weight_update(self) -> None:
         await self._get().begin_weight_update()
 
@@ -104,6 +107,7 @@ class RayEngine:
         self.node_ip = node_ip  # the node it runs on
         self._tensor_parallel_size = tensor_parallel_size
         self._stats = stats
+        self._alive = True
         self._interval_s = interval_s
         spawn = tasks.create_task if tasks else asyncio.get_running_loop().create_task
         self._refresher = spawn(self._refresh())
@@ -169,6 +173,10 @@ class RayEngine:
     def kv_stats(self) -> KVStats:
         return self._stats
 
+    def alive(self) -> bool:
+        """As of the last stats poll (the actor, and the vLLM engine inside it)."""
+        return self._alive
+
     async def begin_weight_update(self) -> None:
         await self._actor.begin_weight_update.remote()
 
@@ -229,6 +237,12 @@ class RayEngine:
             self._actor = None
 
     async def _refresh(self) -> None:
-        while True:
+        import ray.exceptions
+
+        while self._alive:
             await asyncio.sleep(self._interval_s)
-            self._stats = await self._actor.kv_stats.remote()
+            try:
+                self._stats = await self._actor.kv_stats.remote()
+                self._alive = await self._actor.alive.remote()
+            except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError):
+                self._alive = False  # the next request or weight sync moves on without it

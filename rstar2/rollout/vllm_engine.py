@@ -202,6 +202,10 @@ class VLLMEngine:
             reason = "abort"
         return Generation(token_ids=ids, logprobs=logprobs, finish_reason=reason)
 
+    def alive(self) -> bool:
+        """vLLM watches its engine-core processes; a dead one marks the client errored."""
+        return self._llm is not None and not self._llm.errored
+
     def kv_stats(self) -> KVStats:
         stats = self._stats.latest
         if stats is None:

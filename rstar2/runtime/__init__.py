@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Sequence
-from dataclasses import dataclass
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rstar2.config import (
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from rstar2.rollout.engine import Engine
     from rstar2.rollout.openai_engine import OpenAIServerConfig
     from rstar2.rollout.vllm_engine import VLLMEngineConfig
-    from rstar2.sync import WeightSync
+    from rstar2.sync import SyncStats, WeightSync
 
 __all__ = ["Placement", "Runtime", "Services", "ServicesSpec", "placement_for"]
 
@@ -70,16 +71,58 @@ class ServicesSpec:
     weight_sync_bucket_bytes: int = 512 * 2**20
 
 
+MAX_ENGINE_RESTARTS = 3  # per engine slot; then the run goes on without it
+log = logging.getLogger(__name__)
+
+
 @dataclass
 class Services:
     """The rollout side of a run: engines behind one dispatcher, the sandbox, the scorer, and
-    the weight sync from the run's learner into the engines (None: opened without one)."""
+    the weight sync from the run's learner into the engines (None: opened without one).
+    ``restart`` starts a replacement for a failed engine (see :meth:`sync_weights`)."""
 
     engines: list[Engine]
     dispatcher: Dispatcher
     sandbox: ClosableSandbox
     scorer: RewardScorer
     weight_sync: WeightSync | None = None
+    restart: Callable[[], Awaitable[Engine]] | None = None
+    restarts: dict[int, int] = field(default_factory=dict)  # engine slot -> restarts tried
+
+    async def sync_weights(self) -> tuple[SyncStats, list[int]]:
+        """The weight sync, after restarting every engine the dispatcher took down (at most
+        :data:`MAX_ENGINE_RESTARTS` tries per slot): a restarted engine gets the current weights
+        with the others and takes requests again. Returns the stats and the restarted slots."""
+        from rstar2.rollout.engine import EngineDown
+
+        for i, engine in enumerate(self.engines):  # died while idle: no request has seen it
+            if not engine.alive():
+                self.dispatcher.engine_failed(i, EngineDown("found dead before the weight sync"))
+        restarted = await self._restart_failed()
+        stats = await self.weights.sync()
+        for i in restarted:
+            capacity = self.engines[i].kv_stats().capacity_tokens
+            self.dispatcher.scheduler.engine_up(i, capacity or None)
+        return stats, restarted
+
+    async def _restart_failed(self) -> list[int]:
+        restarted = []
+        for i, state in enumerate(self.dispatcher.scheduler.engines):
+            tried = self.restarts.get(i, 0)
+            if not state.down or self.restart is None or tried >= MAX_ENGINE_RESTARTS:
+                continue
+            self.restarts[i] = tried + 1
+            with contextlib.suppress(Exception):
+                await self.engines[i].aclose()
+            try:
+                engine = await self.restart()
+                self.weights.replace_engine(i, engine)
+            except Exception as exc:  # the run goes on with fewer engines
+                log.warning("rollout engine %d did not restart (try %d): %s", i, tried + 1, exc)
+                continue
+            self.engines[i] = self.dispatcher.engines[i] = engine
+            restarted.append(i)
+        return restarted
 
     @property
     def weights(self) -> WeightSync:
@@ -187,7 +230,13 @@ class Runtime:
                 bucket = spec.weight_sync_bucket_bytes
                 weights = self.placement.weight_sync(learner, engines, bucket)
                 stack.push_async_callback(weights.aclose)
-            yield Services(engines, dispatcher, sandbox, scorer, weights)
+
+            async def restart() -> Engine:
+                engine = await self._start_engine(spec.engine, tasks)
+                stack.push_async_callback(engine.aclose)
+                return engine
+
+            yield Services(engines, dispatcher, sandbox, scorer, weights, restart)
 
     async def _start_engine(
         self, spec: VLLMEngineConfig | OpenAIServerConfig, tasks: asyncio.TaskGroup

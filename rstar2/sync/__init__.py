@@ -26,7 +26,7 @@ bucket plus vLLM's IPC buffer (at least the largest tensor).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,11 @@ class WeightSync(Protocol):
 
     async def sync(self) -> SyncStats:
         """Every engine gets the learner's current weights and is ready to generate."""
+        ...
+
+    def replace_engine(self, index: int, engine: Any) -> None:
+        """Engine ``index`` was restarted (it failed): the next sync loads it. Raises
+        NotImplementedError where the transfer path cannot take a new engine."""
         ...
 
     async def aclose(self) -> None:

@@ -34,6 +34,9 @@ class BucketSync:
     async def sync(self) -> SyncStats:
         return await sync_weights(self.learner, self.engines, self.bucket_bytes)
 
+    def replace_engine(self, index: int, engine: Engine) -> None:
+        self.engines[index] = engine
+
     async def aclose(self) -> None:
         pass
 

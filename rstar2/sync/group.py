@@ -49,5 +49,8 @@ class GroupSync:
             path="group",
         )
 
+    def replace_engine(self, index: int, engine: RayEngine) -> None:
+        self.engines[index] = engine
+
     async def aclose(self) -> None:
         pass

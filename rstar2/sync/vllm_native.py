@@ -47,6 +47,11 @@ class _NativeSync:
         self._meta: list[tuple[str, str, list[int], int]] | None = None
         self._open = False  # the transfer engines are initialised (on the first sync)
 
+    def replace_engine(self, index: int, engine: RayEngine) -> None:
+        raise NotImplementedError(
+            "a restarted engine cannot join vLLM's native weight transfer group yet"
+        )
+
     async def _metadata(self) -> list[tuple[str, str, list[int], int]]:
         if self._meta is None:
             self._meta = await self.learner.weight_metadata(self.bucket_bytes)

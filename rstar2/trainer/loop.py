@@ -302,7 +302,14 @@ class Trainer:
         return await asyncio.to_thread(self.learner.train_step, seqs)
 
     async def _sync_weights(self) -> SyncStats | None:
-        return await self.services.weights.sync() if self.services is not None else None
+        """The weights into the engines; an engine that failed in this step is restarted
+        first and loads them with the others."""
+        if self.services is None:
+            return None
+        stats, restarted = await self.services.sync_weights()
+        for i in restarted:
+            self._say(f"rollout engine {i} failed and was restarted with the current weights")
+        return stats
 
     async def evaluate(self, step: int) -> dict[str, float]:
         """Every eval dataset at the current weights; reports under eval/step_N/."""

@@ -392,3 +392,44 @@ def test_a_two_rank_ray_learner_group_replays_the_single_process_updates(
     full = [r for r in _metrics(full_run) if "reward_mean" in r]
     replay = [r for r in _metrics(run_dir) if "reward_mean" in r]
     _assert_same_steps(replay, full, rel=1e-4)
+
+
+def test_an_engine_killed_mid_run_is_restarted_and_the_run_is_unchanged(
+    config_file: Path, full_run: Path
+) -> None:
+    """Two engines; one engine-core process SIGKILLed once step 1 is logged: its requests move
+    to the other engine, it is restarted with the current weights at the step's weight sync,
+    and the run's metrics equal the one-engine, fault-free run's (per-request seeds: a token
+    does not depend on the engine)."""
+    import psutil
+
+    run_dir = config_file.parent / "engine-killed"
+    cmd = [sys.executable, "-m", "rstar2.cli", "train", "--config", str(config_file)]
+    proc = subprocess.Popen(
+        [*cmd, "rollout.num_engines=2", "--run-dir", str(run_dir)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 400
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if metrics.is_file() and '"reward_mean"' in metrics.read_text():
+                break  # step 1 is logged: step 2 is under way
+            time.sleep(0.05)
+        cores = [
+            p for p in psutil.Process(proc.pid).children(recursive=True) if "EngineCore" in p.name()
+        ]
+        assert len(cores) == 2, [p.name() for p in cores]
+        cores[-1].kill()
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert "failed and was restarted with the current weights" in out, out[-3000:]
+    assert _metrics(run_dir) == _metrics(full_run)

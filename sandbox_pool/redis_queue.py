@@ -1,14 +1,29 @@
 """Redis multi-node mode: API nodes enqueue calls into a Redis Stream, workers on any node run them.
 
 Keys (prefix ``sandbox:``): the stream ``calls`` with consumer group ``workers``; per API node a
-result list ``results:<node>``; per call a marker ``done:<call>``; per worker a heartbeat
-``worker:<name>``.
+result list ``results:<node>`` and a one-item hand-over list ``delivering:<node>``; per call a
+marker ``done:<call>``; per worker a heartbeat ``worker:<name>``.
 
-Guarantees:
+Guarantees (faults cost latency, not calls):
 - At-least-once execution, exactly one result per call: a worker publishes a result only if it
   is the first to set ``done:<call>`` (SET NX, in one Lua script with the publish), then acks.
+  The API node also drops any second result for a call (keyed by call id), so a caller sees
+  exactly one.
 - A call whose worker dies is reclaimed (XAUTOCLAIM) by another worker once it has been pending
-  longer than the visibility timeout, and re-run.
+  longer than the visibility timeout, and re-run. A live worker renews the lease on the calls
+  it holds with every heartbeat (XCLAIM JUSTID resets their idle time), so only a dead (or
+  Redis-partitioned) worker's calls are re-run.
+- Redis unreachable or restarting: every Redis step (enqueue, read, settle, heartbeat) is
+  retried with capped backoff; a caller retries its enqueue until its deadline
+  (``max_wait_s``) and then, like a call no worker answered in time, gets an
+  ``internal_error`` result, never an exception. Results move from ``results:<node>`` to
+  ``delivering:<node>`` (BLMOVE) and are deleted there only after delivery, so a result in
+  flight when a connection breaks is delivered after the reconnect.
+- No queued call is lost across a Redis restart or crash only if Redis persists every write
+  before acknowledging it: run it with ``appendonly yes`` and ``appendfsync always``. With
+  ``appendfsync everysec`` a clean restart (SHUTDOWN / SIGTERM, which flushes the AOF) loses
+  nothing, but a crash (SIGKILL, power loss) may lose the last second of writes; without the
+  AOF a restart loses the queue. A lost call's caller gets ``internal_error`` at its deadline.
 - Results and markers expire (``result_ttl_s``); workers heartbeat every second into a key that
   expires (with their number of execution slots), and :meth:`RedisDispatcher.status` lists the
   live ones, their slots in all (``num_workers``) and the calls not yet delivered (``queued``).
@@ -20,18 +35,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sandbox_pool.pool import SandboxPool
 from sandbox_pool.protocol import ExecRequest, ExecResult, ProtocolError
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 PREFIX = "sandbox:"
 STREAM = PREFIX + "calls"
@@ -63,12 +87,37 @@ class RedisConfig:
 
 
 _BLPOP_TIMEOUT_S = 1
+# Redis down, restarting or still loading its data (BusyLoadingError is a ConnectionError)
+_TRANSIENT: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+
+
+def backoff_s(attempt: int, base_s: float = 0.05, cap_s: float = 1.0) -> float:
+    """Delay before retry number ``attempt`` (0-based): doubling from ``base_s``, capped."""
+    return min(cap_s, base_s * 2 ** min(attempt, 30))
+
+
+async def _retrying(op: Callable[[], Awaitable[_T]], deadline: float) -> _T:
+    """``op()``, retried on transient Redis errors with :func:`backoff_s` until the monotonic
+    ``deadline``; the last error is raised when the next try would start past it. Only for
+    steps safe to repeat (idempotent, or deduplicated by call id)."""
+    attempt = 0
+    while True:
+        try:
+            return await op()
+        except _TRANSIENT:
+            delay = backoff_s(attempt)
+            if time.monotonic() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
+            attempt += 1
 
 
 def _connect(url: str, max_connections: int = 32) -> aioredis.Redis:
-    """A client whose callers wait for a free connection instead of failing past the cap."""
+    """A client whose callers wait for a free connection instead of failing past the cap. A
+    command on a pooled connection Redis closed (e.g. it restarted) reconnects and is re-sent
+    once at once; longer outages are the callers' to retry (:func:`_retrying`)."""
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, decode_responses=True
+        url, max_connections=max_connections, decode_responses=True, retry=Retry(NoBackoff(), 1)
     )
     return aioredis.Redis(connection_pool=pool)
 
@@ -92,7 +141,9 @@ class RedisDispatcher:
         self._lag = 0
         self._status_task: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
-        self.results_received = 0  # every result message, duplicates included (there are none)
+        self.results_received = 0  # every result message, duplicates included
+        self.duplicate_results = 0  # results for a call already answered or given up: dropped
+        self.reconnects = 0  # transient Redis errors the result listener waited out
 
     async def start(self) -> None:
         await self._client.ping()
@@ -117,17 +168,35 @@ class RedisDispatcher:
         await self._client.aclose()
 
     async def execute(self, request: ExecRequest) -> ExecResult:
+        """The call's one result, within ``max_wait_s``; never raises for Redis faults: past the
+        deadline (Redis unreachable throughout, or no worker answered) an ``internal_error``
+        result. The enqueue is retried on connection errors (a repeated entry is harmless: the
+        call id deduplicates it)."""
         call_id = uuid.uuid4().hex
         future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
         self._waiters[call_id] = future
         payload = {"id": call_id, "node": self.node, "request": request.to_json()}
+        fields = {"call": json.dumps(payload)}
+        deadline = time.monotonic() + self.config.max_wait_s
         try:
-            await self._client.xadd(STREAM, {"call": json.dumps(payload)})
-            return await asyncio.wait_for(future, self.config.max_wait_s)
+            await _retrying(lambda: self._client.xadd(STREAM, fields), deadline)  # type: ignore[arg-type]
+            return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             return ExecResult(status="internal_error", stderr="no worker answered in time")
+        except RedisError as exc:
+            return ExecResult(status="internal_error", stderr=f"sandbox queue unreachable: {exc}")
         finally:
             self._waiters.pop(call_id, None)
+
+    def _deliver(self, raw: str | bytes) -> None:
+        """Hand one result message to its caller; a second one for the same call is dropped."""
+        msg = json.loads(raw)
+        self.results_received += 1
+        future = self._waiters.get(msg.pop("id"))
+        if future is None or future.done():
+            self.duplicate_results += 1
+            return
+        future.set_result(ExecResult.from_json(msg))
 
     def status(self) -> dict[str, Any]:
         return {"num_workers": self._slots, "workers": self._workers, "queued": self._lag}
@@ -152,24 +221,40 @@ class RedisDispatcher:
         self._lag = lag
 
     async def _listen(self) -> None:
+        """Deliver results until closing. Each result is moved to ``delivering:<node>`` and
+        deleted there only once delivered (in the same round trip as the next move), so after a
+        broken connection the item in flight is re-read from it: none is lost (a repeat is
+        dropped by :meth:`_deliver`). Transient Redis errors are waited out with backoff."""
         key = PREFIX + "results:" + self.node
+        handover = PREFIX + "delivering:" + self.node
         conn = _connect(self.config.url, max_connections=1)
+        attempt = 0
         try:
             while not self._closing.is_set():
-                item = await conn.blpop([key], timeout=_BLPOP_TIMEOUT_S)
-                if item is None:
-                    continue
-                msg = json.loads(item[1])
-                self.results_received += 1
-                future = self._waiters.get(msg.pop("id"))
-                if future is not None and not future.done():
-                    future.set_result(ExecResult.from_json(msg))
+                try:
+                    for raw in await conn.lrange(handover, 0, -1):
+                        self._deliver(raw)
+                    while not self._closing.is_set():
+                        pipe = conn.pipeline(transaction=False)
+                        pipe.delete(handover)
+                        pipe.blmove(key, handover, _BLPOP_TIMEOUT_S)
+                        _, raw = await pipe.execute()
+                        attempt = 0
+                        if raw is not None:
+                            self._deliver(raw)
+                except _TRANSIENT as exc:
+                    self.reconnects += 1
+                    _log.warning("result listener: Redis unavailable (%s); retrying", exc)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._closing.wait(), backoff_s(attempt))
+                    attempt += 1
         finally:
             await conn.aclose()
 
     async def _refresh_workers(self) -> None:
         while not self._closing.is_set():
-            await self.refresh()
+            with contextlib.suppress(*_TRANSIENT):  # else keep the last status known
+                await self.refresh()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), self.config.heartbeat_s)
 
@@ -186,6 +271,7 @@ class RedisWorker:
         self._capacity = pool.num_workers * 2  # calls held at once: running + about to run
         self._slots = asyncio.Semaphore(self._capacity)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._held: set[str] = set()  # stream ids of the calls this worker runs (its leases)
         self._stopping = asyncio.Event()
         self.registered = asyncio.Event()  # set once its first heartbeat is in Redis
         self.processed = 0
@@ -214,14 +300,33 @@ class RedisWorker:
     def stop(self) -> None:
         self._stopping.set()
 
+    async def _survive(self, what: str, attempt: int) -> int:
+        """After a transient Redis error in loop ``what``: wait a backoff (or until stopping)
+        and return the next attempt number."""
+        if attempt == 0:
+            _log.warning("worker %s: %s: Redis unavailable; retrying", self.name, what)
+        await self._idle(backoff_s(attempt))
+        return attempt + 1
+
     async def _consume(self) -> None:
+        attempt = 0
         while not self._stopping.is_set():
             await self._slots.acquire()  # wait for a free slot, then read as many as are free
             self._slots.release()
             free = max(1, self._capacity - len(self._tasks))
-            reply: Any = await self._client.xreadgroup(  # RESP2: [[stream, messages]]
-                GROUP, self.name, {STREAM: ">"}, count=free, block=_BLPOP_TIMEOUT_S * 1000
-            )
+            try:
+                reply: Any = await self._client.xreadgroup(  # [[stream, messages]]
+                    GROUP, self.name, {STREAM: ">"}, count=free, block=_BLPOP_TIMEOUT_S * 1000
+                )
+            except _TRANSIENT:
+                attempt = await self._survive("read", attempt)
+                continue
+            except ResponseError as exc:  # NOGROUP: Redis came back without the stream
+                if "NOGROUP" not in str(exc):
+                    raise
+                await _ensure_group(self._client)
+                continue
+            attempt = 0
             for _stream, messages in reply or []:
                 for msg_id, fields in messages:
                     await self._start(msg_id, fields)
@@ -235,21 +340,26 @@ class RedisWorker:
     async def _reclaim(self) -> None:
         idle_ms = int(self.config.visibility_timeout_s * 1000)
         while not await self._idle(self.config.visibility_timeout_s / 4):
-            start = "0-0"
-            while True:
-                reply: list[Any] = await self._client.xautoclaim(
-                    STREAM, GROUP, self.name, min_idle_time=idle_ms, start_id=start, count=64
-                )
-                start, messages = str(reply[0]), list(reply[1])
-                for msg_id, fields in messages:
-                    if fields:  # deleted entries come back empty
-                        await self._start(msg_id, fields)
-                if start == "0-0" or not messages:
-                    break
+            with contextlib.suppress(*_TRANSIENT):  # next round, once Redis answers again
+                await self._reclaim_once(idle_ms)
+
+    async def _reclaim_once(self, idle_ms: int) -> None:
+        start = "0-0"
+        while True:
+            reply: list[Any] = await self._client.xautoclaim(
+                STREAM, GROUP, self.name, min_idle_time=idle_ms, start_id=start, count=64
+            )
+            start, messages = str(reply[0]), list(reply[1])
+            for msg_id, fields in messages:
+                if fields and msg_id not in self._held:  # deleted entries come back empty
+                    await self._start(msg_id, fields)
+            if start == "0-0" or not messages:
+                break
 
     async def _heartbeat(self) -> None:
         key = PREFIX + "worker:" + self.name
         ttl = max(2, int(self.config.heartbeat_s * 5))
+        attempt = 0
         while not self._stopping.is_set():
             info = {
                 "num_workers": self.pool.num_workers,
@@ -257,22 +367,39 @@ class RedisWorker:
                 "processed": self.processed,
                 "time": time.time(),
             }
-            await self._client.set(key, json.dumps(info), ex=ttl)
+            try:
+                await self._client.set(key, json.dumps(info), ex=ttl)
+                if self._held:  # renew the leases: reset the idle time of the calls held
+                    held: list[Any] = sorted(self._held)
+                    await self._client.xclaim(STREAM, GROUP, self.name, 0, held, justid=True)
+            except _TRANSIENT:
+                attempt = await self._survive("heartbeat", attempt)
+                continue
+            attempt = 0
             self.registered.set()
             await self._idle(self.config.heartbeat_s)
 
     async def _start(self, msg_id: str, fields: dict[str, str]) -> None:
         await self._slots.acquire()
+        self._held.add(msg_id)
         task = asyncio.create_task(self._handle(msg_id, fields))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, msg_id: str, fields: dict[str, str]) -> None:
+        """Run one call and settle it. Redis faults are retried (each step is idempotent: the
+        settle publishes at most once per call); if Redis stays away past ``max_wait_s`` the
+        entry stays pending and is reclaimed and settled by a worker later."""
+        deadline = time.monotonic() + self.config.max_wait_s
         try:
             call = json.loads(fields["call"])
             done_key = PREFIX + "done:" + call["id"]
             payload = ""
-            if not await self._client.exists(done_key):  # skip work already answered
+            try:
+                answered = bool(await self._client.exists(done_key))
+            except _TRANSIENT:
+                answered = False  # run it: the settle still publishes at most once
+            if not answered:  # skip work already answered
                 try:
                     request = ExecRequest.from_json(call["request"])
                 except ProtocolError as exc:
@@ -281,10 +408,13 @@ class RedisWorker:
                     result = await self.pool.execute(request)
                 payload = json.dumps({"id": call["id"], **result.to_json()})
             result_key = PREFIX + "results:" + call["node"]
-            await self._settle(
-                keys=[done_key, result_key, STREAM],
-                args=[payload, self.config.result_ttl_s, GROUP, msg_id],
+            args: list[str | int] = [payload, self.config.result_ttl_s, GROUP, msg_id]
+            await _retrying(
+                lambda: self._settle(keys=[done_key, result_key, STREAM], args=args), deadline
             )
             self.processed += 1
+        except RedisError as exc:  # left pending: reclaimed once its lease expires
+            _log.warning("worker %s: call %s not settled: %s", self.name, msg_id, exc)
         finally:
+            self._held.discard(msg_id)
             self._slots.release()

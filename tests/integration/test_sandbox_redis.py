@@ -28,21 +28,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def redis_url():
-    port = _free_port()
+def _start_redis(port: int, *args: str) -> subprocess.Popen[bytes]:
+    """redis-server on 127.0.0.1:``port`` (extra config ``args``), once it accepts connections."""
     proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", *args],
         stdout=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 10
@@ -52,6 +41,13 @@ def redis_url():
             break
         except OSError:
             time.sleep(0.05)
+    return proc
+
+
+@pytest.fixture
+def redis_url():
+    port = _free_port()
+    proc = _start_redis(port, "--save", "", "--appendonly", "no")
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(timeout=10)

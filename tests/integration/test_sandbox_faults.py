@@ -1,0 +1,156 @@
+"""Redis mode under faults (issue #21 item 2): faults cost latency, never a call.
+
+Real processes and real signals: a redis-server with an append-only file (fsync per write), 3
+sandbox workers, ``N`` calls in flight; meanwhile a worker is SIGKILLed 5 times (its process
+group: the worker and its zygotes; an operator starts a replacement under a new name) and
+redis-server is restarted once (SIGTERM, then started again on the same port and data dir).
+Every call must yield exactly one result, the right one; an ``internal_error`` result (the
+deadline passed) is counted and must not happen under these generous deadlines.
+
+``SANDBOX_FAULTS_N`` overrides ``N`` (e.g. 10000 for a longer run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from sandbox_pool.protocol import ExecRequest, ExecResult
+from sandbox_pool.redis_queue import PREFIX, RedisConfig, RedisDispatcher
+from tests.integration.test_sandbox_redis import (
+    _free_port,
+    _start_redis,
+    _start_worker,
+    _wait_for_workers,
+    pytestmark,  # skipped where redis-server is not installed
+)
+
+__all__ = ["pytestmark"]
+
+N = int(os.environ.get("SANDBOX_FAULTS_N", "2000"))
+WORKERS = 3
+KILLS = 5
+# per call, counted from its enqueue (all N are enqueued at once, so it grows with N); a call
+# only gets internal_error past this
+DEADLINE_S = 30.0 + N / 40
+# fraction of the calls answered before each fault: "kill" a worker or "restart" Redis
+SCHEDULE: Sequence[tuple[float, str]] = (
+    (0.10, "kill"),
+    (0.25, "kill"),
+    (0.40, "kill"),
+    (0.50, "restart"),
+    (0.65, "kill"),
+    (0.80, "kill"),
+)
+
+
+class _Redis:
+    """A redis-server that can be restarted on the same port and data dir."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        # appendfsync always: a write acknowledged to a client is on disk (see redis_queue)
+        self._args = ("--dir", str(data_dir), "--save", "", "--appendonly", "yes")
+        self._args += ("--appendfsync", "always")
+        self.proc = _start_redis(self.port, *self._args)
+
+    def restart(self) -> None:
+        self.stop()
+        self.proc = _start_redis(self.port, *self._args)
+
+    def stop(self) -> None:
+        self.proc.terminate()  # SIGTERM: redis-server shuts down cleanly, AOF flushed
+        self.proc.wait(timeout=30)
+
+
+async def _wait_answered(calls: list[asyncio.Task[ExecResult]], fraction: float) -> None:
+    """Until ``fraction`` of the calls are answered (or 30 s pass: then the fault runs anyway)."""
+    deadline = time.monotonic() + 30
+    while sum(c.done() for c in calls) < fraction * len(calls) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+async def test_each_call_yields_exactly_one_result_through_worker_kills_and_a_redis_restart(
+    tmp_path: Path,
+) -> None:
+    assert sum(kind == "kill" for _, kind in SCHEDULE) == KILLS
+    redis = _Redis(tmp_path)
+    workers = {f"w{i}": _start_worker(redis.url, f"w{i}") for i in range(WORKERS)}
+    dispatcher = RedisDispatcher(RedisConfig(url=redis.url, max_wait_s=DEADLINE_S))
+    await dispatcher.start()
+    try:
+        await _wait_for_workers(dispatcher, 2 * WORKERS)  # 2 slots each
+        started = time.monotonic()
+        calls = [
+            asyncio.create_task(dispatcher.execute(ExecRequest(code=f"print({i} * {i})")))
+            for i in range(N)
+        ]
+        kills = 0
+        for fraction, kind in SCHEDULE:
+            await _wait_answered(calls, fraction)
+            if kind == "restart":
+                redis.restart()
+                continue
+            victim = sorted(workers)[kills % WORKERS]
+            os.killpg(workers.pop(victim).pid, signal.SIGKILL)
+            kills += 1
+            name = f"r{kills}"  # the operator's replacement, a new consumer
+            workers[name] = _start_worker(redis.url, name)
+        results = await asyncio.gather(*calls)  # never raises: faults are results at worst
+        wall_s = time.monotonic() - started
+
+        internal_errors = [i for i, r in enumerate(results) if r.status == "internal_error"]
+        wrong = [
+            i
+            for i, r in enumerate(results)
+            if r.status != "internal_error" and (r.status, r.stdout) != ("ok", f"{i * i}\n")
+        ]
+        unique = dispatcher.results_received - dispatcher.duplicate_results
+        lost = N - unique
+        print(
+            f"\nfaults: N={N} results={len(results)} unique={unique} "
+            f"duplicates={dispatcher.duplicate_results} lost={lost} "
+            f"internal_errors={len(internal_errors)} wrong={len(wrong)} "
+            f"reconnects={dispatcher.reconnects} wall={wall_s:.1f}s"
+        )
+        assert len(results) == N
+        assert kills == KILLS
+        assert not wrong, [(i, results[i]) for i in wrong[:5]]
+        assert not internal_errors, [(i, results[i]) for i in internal_errors[:5]]
+        assert unique == N  # each call's result was delivered to its caller exactly once
+        # no call was executed-and-published twice: one done marker per call, and the queue
+        # drains (entries a killed worker held are reclaimed, seen answered, acked)
+        async with aioredis.from_url(redis.url, decode_responses=True) as client:
+            done = [k async for k in client.scan_iter(match=PREFIX + "done:*", count=1000)]
+            assert len(done) == N
+            deadline = time.monotonic() + 20
+            while await client.xlen(PREFIX + "calls") and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            assert await client.xlen(PREFIX + "calls") == 0
+    finally:
+        try:
+            await dispatcher.aclose()
+        finally:
+            _stop(list(workers.values()), redis)
+
+
+def _stop(workers: list[subprocess.Popen[bytes]], redis: _Redis) -> None:
+    """SIGTERM every worker's process group (SIGKILL past 20 s), then redis-server."""
+    for proc in workers:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in workers:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    redis.stop()

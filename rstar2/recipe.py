@@ -78,7 +78,8 @@ def build_tiny(cfg: Config, folder: Path) -> None:
         for messages in load_conversations(file):
             corpus.append(" ".join(str(m.get("content") or "") for m in messages))
     for spec in cfg.data.train_datasets:
-        corpus += [str(r["prompt"][-1]["content"]) for r in load_rows(spec).rows]
+        rows = load_rows(spec, strict=cfg.data.strict).rows
+        corpus += [str(r["prompt"][-1]["content"]) for r in rows]
     corpus += [" ".join(str(i) for i in range(1000))] * 10
     build_tiny_model(
         folder,

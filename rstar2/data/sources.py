@@ -168,22 +168,25 @@ def records_to_rows(
     for i, rec in enumerate(records):
         here = f"{where}: row {i + 1}"
         rid = _record_id(rec)
-        if rid is not None:
-            first = first_row_of.setdefault(str(rid), i + 1)
-            if first != i + 1:
-                dup = DataError(f"{here}: duplicate id {str(rid)!r} (first at row {first})")
-                _skip(skipped, dup, here, "duplicate_id")
-                continue
+        if rid is not None and str(rid) in first_row_of:
+            first = first_row_of[str(rid)]
+            dup = DataError(f"{here}: duplicate id {str(rid)!r} (first at row {first})")
+            _skip(skipped, dup, here, "duplicate_id")
+            continue
         try:
             if is_rstar2_row(rec):
                 validate_row(rec, here)
                 rows.append(rec)
+                if rid is not None:
+                    first_row_of[str(rid)] = i + 1
                 continue
             problem = _first_key(rec, PROBLEM_KEYS, here, "problem", (str,))
             answer = _first_key(rec, ANSWER_KEYS, here, "answer", (str, int, float))
         except DataError as exc:
             _skip(skipped, exc, here, "malformed")
             continue
+        if rid is not None:
+            first_row_of[str(rid)] = i + 1
         extra = {"id": str(rec["id"])} if "id" in rec else None
         rows.append(
             make_row(
@@ -231,10 +234,10 @@ def _read_json_records(path: Path, skipped: list[SkippedRow] | None = None) -> l
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
-            _skip(skipped, DataError(f"{here} is not valid JSON ({exc.msg})"), here, "malformed")
+            _skip(skipped, DataError(f"{here}: not valid JSON ({exc.msg})"), here, "malformed")
             continue
         if not isinstance(rec, dict):
-            _skip(skipped, DataError(f"{here} is not a JSON object"), here, "malformed")
+            _skip(skipped, DataError(f"{here}: not a JSON object"), here, "malformed")
             continue
         records.append(rec)
     return records

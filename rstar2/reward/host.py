@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -96,6 +97,7 @@ class HostedPool:
         self._pid = os.getpid()
         self._deaths = 0
         self._last_death = ""
+        self._last_progress = time.monotonic()  # the host's start or its latest answer
 
     def submit(
         self, pred: str, truth: str, inner_timeout_s: float, timeout_s: float
@@ -128,6 +130,10 @@ class HostedPool:
         if host is not None:
             with contextlib.suppress(OSError):
                 host.proc.kill()
+
+    def idle_s(self) -> float:
+        """Seconds since the host started or last answered anything."""
+        return time.monotonic() - self._last_progress
 
     @property
     def host_pid(self) -> int | None:
@@ -168,6 +174,7 @@ class HostedPool:
                 "see its stderr above"
             )
         self._host = self._start()
+        self._last_progress = time.monotonic()
         return self._host
 
     def _start(self) -> _Host:
@@ -208,6 +215,7 @@ class HostedPool:
                 with self._lock:
                     future = host.pending.pop(rid, None)
                     self._deaths = 0
+                    self._last_progress = time.monotonic()
                 if future is None:
                     continue
                 if outcome == "ok":

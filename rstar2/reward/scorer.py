@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import threading
 from collections import OrderedDict
@@ -116,9 +117,14 @@ class RewardScorer:
         known, key = self._lookup(response, ground_truth)
         if known is not None:
             return known
-        future = self._submit(key)
-        # asyncio.wait never cancels the future; _finish reads its outcome (or its absence)
-        await asyncio.wait([asyncio.wrap_future(future)], timeout=self.host_deadline_s)
+        future = await asyncio.to_thread(self._submit, key)  # a full pipe blocks the send
+        waiting = asyncio.wrap_future(future)
+        wait = self.host_deadline_s
+        while True:  # asyncio.wait never cancels the future; _finish reads its outcome
+            done, _ = await asyncio.wait([waiting], timeout=wait)
+            wait = self._patience_s()
+            if done or wait <= 0:
+                break
         return self._finish(key, future, wait_s=0.0)
 
     async def ascore_batch(
@@ -161,11 +167,16 @@ class RewardScorer:
     ) -> float:
         assert future is not None
         try:
-            wait = self.host_deadline_s if wait_s is None else wait_s
-            value = 1.0 if future.result(timeout=wait) else 0.0
+            if wait_s is None:
+                wait = self.host_deadline_s
+                while not future.done() and wait > 0:
+                    with contextlib.suppress(FutureTimeout):
+                        future.result(timeout=wait)
+                    wait = self._patience_s()
+            value = 1.0 if future.result(timeout=0) else 0.0
             counter = "verified"
         except FutureTimeout:
-            if not future.done():  # no answer from the host at all: replace it, do not cache
+            if not future.done():  # the host answered nothing for host_deadline_s: replace it
                 with self._lock:
                     self.stats.worker_errors += 1
                     pool = self._pool
@@ -184,6 +195,12 @@ class RewardScorer:
                 if len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
         return value
+
+    def _patience_s(self) -> float:
+        """How much longer to wait for an answer: the host is hung only once it has answered
+        nothing at all for ``host_deadline_s`` (a busy host answering others is waited for)."""
+        pool = self._pool
+        return 0.0 if pool is None else self.host_deadline_s - pool.idle_s()
 
     def _ensure_pool(self) -> HostedPool:
         with self._lock:

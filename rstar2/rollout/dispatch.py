@@ -150,7 +150,12 @@ class Dispatcher:
             return placed
         fut: asyncio.Future[Assignment] = asyncio.get_running_loop().create_future()
         self._waiters[traj_id] = fut
-        return await fut
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._placed[traj_id] = fut.result()  # placed as we were cancelled: give it back
+            raise
 
     def _pump(self) -> None:
         for a in self.scheduler.schedule():
@@ -160,14 +165,14 @@ class Dispatcher:
             else:
                 self._placed[a.traj_id] = a
 
-    def engine_failed(self, engine_id: int, exc: BaseException) -> None:
+    def engine_failed(self, engine_id: int, exc: BaseException, *, last_stops: bool = True) -> None:
         """Take a failed engine out of scheduling (once); raise AllEnginesDown when it was the
-        last one."""
+        last one (unless ``last_stops`` is False: the caller restarts engines first)."""
         if not self.scheduler.engines[engine_id].down:
             self.scheduler.engine_down(engine_id)
             self.failures.append(EngineFailure(engine_id, time.monotonic(), str(exc)))
             log.warning("rollout engine %d is down (%s); its requests move", engine_id, exc)
-        if self.scheduler.engines_up == 0:
+        if self.scheduler.engines_up == 0 and last_stops:
             error = AllEnginesDown(
                 f"all {len(self.engines)} rollout engines are down; the last: {exc}"
             )

@@ -93,13 +93,19 @@ class Services:
         """The weight sync, after restarting every engine the dispatcher took down (at most
         :data:`MAX_ENGINE_RESTARTS` tries per slot): a restarted engine gets the current weights
         with the others and takes requests again. Returns the stats and the restarted slots."""
+        from rstar2.rollout.dispatch import AllEnginesDown
         from rstar2.rollout.engine import EngineDown
 
+        scheduler = self.dispatcher.scheduler
         for i, engine in enumerate(self.engines):  # died while idle: no request has seen it
-            if not engine.alive():
-                self.dispatcher.engine_failed(i, EngineDown("found dead before the weight sync"))
+            if not scheduler.engines[i].down and not engine.alive():
+                dead = EngineDown("found dead before the weight sync")
+                self.dispatcher.engine_failed(i, dead, last_stops=False)
         restarted = await self._restart_failed()
-        stats = await self.weights.sync()
+        down = frozenset(i for i, e in enumerate(scheduler.engines) if e.down) - set(restarted)
+        if len(down) == len(self.engines):
+            raise AllEnginesDown(f"all {len(self.engines)} rollout engines are down")
+        stats = await self.weights.sync(skip=down)
         for i in restarted:
             capacity = self.engines[i].kv_stats().capacity_tokens
             self.dispatcher.scheduler.engine_up(i, capacity or None)
@@ -111,6 +117,8 @@ class Services:
             tried = self.restarts.get(i, 0)
             if not state.down or self.restart is None or tried >= MAX_ENGINE_RESTARTS:
                 continue
+            if not self.weights.replaces_engines:
+                continue  # the sync says why when it skips the engine
             self.restarts[i] = tried + 1
             with contextlib.suppress(Exception):
                 await self.engines[i].aclose()

@@ -65,13 +65,16 @@ class WeightSync(Protocol):
         elsewhere nothing happens)."""
         ...
 
-    async def sync(self) -> SyncStats:
-        """Every engine gets the learner's current weights and is ready to generate."""
+    replaces_engines: bool  # a failed engine can be swapped for a restarted one
+
+    async def sync(self, skip: frozenset[int] = frozenset()) -> SyncStats:
+        """Every engine but those in ``skip`` (failed ones) gets the learner's current weights
+        and is ready to generate. Paths that cannot skip one raise a RuntimeError saying so."""
         ...
 
     def replace_engine(self, index: int, engine: Any) -> None:
-        """Engine ``index`` was restarted (it failed): the next sync loads it. Raises
-        NotImplementedError where the transfer path cannot take a new engine."""
+        """Engine ``index`` was restarted (it failed): the next sync loads it (only where
+        ``replaces_engines``)."""
         ...
 
     async def aclose(self) -> None:

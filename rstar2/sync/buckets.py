@@ -31,8 +31,11 @@ class BucketSync:
     async def before_learn(self) -> None:
         pass
 
-    async def sync(self) -> SyncStats:
-        return await sync_weights(self.learner, self.engines, self.bucket_bytes)
+    replaces_engines = True
+
+    async def sync(self, skip: frozenset[int] = frozenset()) -> SyncStats:
+        live = [e for i, e in enumerate(self.engines) if i not in skip]
+        return await sync_weights(self.learner, live, self.bucket_bytes)
 
     def replace_engine(self, index: int, engine: Engine) -> None:
         self.engines[index] = engine

@@ -34,11 +34,14 @@ class GroupSync:
     async def before_learn(self) -> None:
         pass
 
-    async def sync(self) -> SyncStats:
+    replaces_engines = True
+
+    async def sync(self, skip: frozenset[int] = frozenset()) -> SyncStats:
         start = time.perf_counter()
-        await asyncio.gather(*(e.begin_weight_update() for e in self.engines))
-        sent = await self.learner.send_weights([e.actor for e in self.engines], self.bucket_bytes)
-        await asyncio.gather(*(e.finish_weight_update() for e in self.engines))
+        live = [e for i, e in enumerate(self.engines) if i not in skip]
+        await asyncio.gather(*(e.begin_weight_update() for e in live))
+        sent = await self.learner.send_weights([e.actor for e in live], self.bucket_bytes)
+        await asyncio.gather(*(e.finish_weight_update() for e in live))
         return SyncStats(
             buckets=sent["buckets"],
             tensors=sent["tensors"],

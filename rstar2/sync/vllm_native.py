@@ -47,6 +47,8 @@ class _NativeSync:
         self._meta: list[tuple[str, str, list[int], int]] | None = None
         self._open = False  # the transfer engines are initialised (on the first sync)
 
+    replaces_engines = False
+
     def replace_engine(self, index: int, engine: RayEngine) -> None:
         raise NotImplementedError(
             "a restarted engine cannot join vLLM's native weight transfer group yet"
@@ -108,7 +110,12 @@ class NcclSync(_NativeSync):
         )
         self._open = True
 
-    async def sync(self) -> SyncStats:
+    async def sync(self, skip: frozenset[int] = frozenset()) -> SyncStats:
+        if skip:
+            raise RuntimeError(
+                f"rollout engine(s) {sorted(skip)} failed, and vLLM's native weight transfer "
+                "cannot go on without them yet: resume the run (rstar2 train --resume)"
+            )
         meta = await self._metadata()
         if not self._open:
             await self._init()
@@ -151,7 +158,12 @@ class IpcSync(_NativeSync):
         if self.offload_learner:
             await self.learner.reload()
 
-    async def sync(self) -> SyncStats:
+    async def sync(self, skip: frozenset[int] = frozenset()) -> SyncStats:
+        if skip:
+            raise RuntimeError(
+                f"rollout engine(s) {sorted(skip)} failed, and vLLM's native weight transfer "
+                "cannot go on without them yet: resume the run (rstar2 train --resume)"
+            )
         meta = await self._metadata()
         if not self._open:
             await self.learner.open_ipc([e.actor for e in self.engines], meta, self.bucket_bytes)

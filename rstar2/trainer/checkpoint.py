@@ -40,14 +40,16 @@ class Checkpointer:
         self.keep_last = keep_last
 
     def has(self, step: int) -> bool:
-        return (st.checkpoint_dir(self.run_dir, step) / st.STATE_FILE).is_file()
+        """Whether a whole checkpoint of ``step`` is on disk (its swapped-out copy included)."""
+        final = st.checkpoint_dir(self.run_dir, step)
+        return any(p.name.split(".")[0] == final.name for p in self.whole())
 
     def whole(self) -> list[Path]:
         """Complete checkpoints that pass their manifest check, oldest first (torn ones are
         logged and left out)."""
         out = []
         for folder in st.complete_checkpoints(self.run_dir):
-            reason = durable.check(folder)
+            reason = durable.check(folder, sealed=st.read_sealed(folder))
             if reason is None:
                 out.append(folder)
             else:
@@ -66,14 +68,17 @@ class Checkpointer:
         final = st.checkpoint_dir(self.run_dir, state.step)
         tmp = final.with_name(final.name + ".tmp")
         old = final.with_name(final.name + ".old")
+        if old.exists() and not final.exists():  # a re-save crashed between its renames
+            old.rename(final)
         try:
-            for leftover in (tmp, old):
-                if leftover.exists():
-                    shutil.rmtree(leftover)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            if old.exists():
+                shutil.rmtree(old)
             learner.save(tmp / "learner")
             if extra is not None:
                 extra(tmp)
-            st.write_state(tmp, state)
+            st.write_state(tmp, state, sealed=True)
             durable.seal(tmp)
         except BaseException as exc:  # torch.distributed.checkpoint raises a BaseException
             previous = self.whole()

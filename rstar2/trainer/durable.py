@@ -59,11 +59,12 @@ def seal(root: Path) -> None:
     fsync_dir(root)
 
 
-def check(root: Path) -> str | None:
-    """Why ``root`` is torn, or None when it is whole (or was written before manifests)."""
+def check(root: Path, sealed: bool = True) -> str | None:
+    """Why ``root`` is torn, or None when it is whole. ``sealed``: it was written to be sealed
+    (a missing manifest is then a tear; False only for folders from before manifests)."""
     path = root / MANIFEST
     if not path.is_file():
-        return None
+        return f"{MANIFEST} is missing" if sealed else None
     try:
         sizes = json.loads(path.read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError) as exc:

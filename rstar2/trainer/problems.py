@@ -123,5 +123,6 @@ def _templated(
         out.prompts.append(ids)
         out.truths.append(str(row["reward_model"]["ground_truth"]))
     if not out.rows:
-        raise DataError(f"{key}: no problem fits data.max_prompt_tokens")
+        why = "fits data.max_prompt_tokens" if rows else "is left once bad rows are skipped"
+        raise DataError(f"{key}: no problem {why}")
     return out

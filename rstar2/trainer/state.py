@@ -101,12 +101,27 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return [found[k] for k in sorted(found)]
 
 
-def write_state(folder: Path, state: TrainerState) -> None:
-    (folder / STATE_FILE).write_text(json.dumps(state.to_json()) + "\n")
+_SEALED = "sealed"  # in the state file: the folder is sealed with a manifest (durable.seal)
+
+
+def write_state(folder: Path, state: TrainerState, *, sealed: bool = False) -> None:
+    data = state.to_json() | ({_SEALED: True} if sealed else {})
+    (folder / STATE_FILE).write_text(json.dumps(data) + "\n")
 
 
 def read_state(folder: Path) -> TrainerState:
-    return TrainerState.from_json(json.loads((folder / STATE_FILE).read_text()))
+    data = json.loads((folder / STATE_FILE).read_text())
+    data.pop(_SEALED, None)
+    return TrainerState.from_json(data)
+
+
+def read_sealed(folder: Path) -> bool:
+    """Whether the folder was written to be sealed; an unreadable state file counts as sealed
+    (its check then names what is wrong)."""
+    try:
+        return bool(json.loads((folder / STATE_FILE).read_text()).get(_SEALED, False))
+    except (OSError, ValueError, AttributeError):
+        return True
 
 
 def prune(run_dir: Path, keep_last: int, whole: Sequence[Path]) -> None:
@@ -126,8 +141,8 @@ def prune(run_dir: Path, keep_last: int, whole: Sequence[Path]) -> None:
         return
     keep = {p.name for p in whole[-max(1, keep_last) :]}
     newest = whole[-1].name
-    for folder in root.glob("step_*"):
-        if folder.suffix in (".tmp", ".old") or not folder.is_dir():
+    for folder in root.glob("step_*"):  # a .old left standing in for its step counts as it
+        if folder.suffix == ".tmp" or not folder.is_dir():
             continue
         if folder.name not in keep and folder.name < newest:
             shutil.rmtree(folder, ignore_errors=True)

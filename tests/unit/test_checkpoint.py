@@ -193,3 +193,24 @@ def test_a_sigkill_during_a_checkpoint_write_resumes_from_the_previous_one(model
     reference = _learner(model_dir)
     _save_steps(reference, Checkpointer(tmp_path / "ref", keep_last=3), [1])
     assert _same(_weights(fresh), _weights(reference))
+
+
+def test_a_sealed_checkpoint_without_its_manifest_is_torn(model_dir, tmp_path):
+    learner = _learner(model_dir)
+    ckpt = Checkpointer(tmp_path, keep_last=3)
+    _save_steps(learner, ckpt, [1, 2])
+    (st.checkpoint_dir(tmp_path, 2) / durable.MANIFEST).unlink()  # e.g. a partial copy
+    assert [p.name for p in ckpt.whole()] == ["step_000001"]
+    assert not ckpt.has(2) and ckpt.has(1)
+
+
+def test_a_resave_after_a_crash_between_renames_keeps_the_swapped_out_copy(model_dir, tmp_path):
+    learner = _learner(model_dir)
+    ckpt = Checkpointer(tmp_path, keep_last=1)
+    _save_steps(learner, ckpt, [1])
+    root = tmp_path / st.CHECKPOINTS
+    st.checkpoint_dir(tmp_path, 1).rename(root / "step_000001.old")
+    assert ckpt.has(1)
+    ckpt.save(learner, st.TrainerState(step=1), random.Random(1))
+    assert [p.name for p in root.iterdir()] == ["step_000001"]
+    assert [p.name for p in ckpt.whole()] == ["step_000001"]

@@ -86,7 +86,7 @@ def test_local_jsonl_with_question_keys(tmp_path):
     [
         ('{"problem": "p", "answer": "1"}\n{not json}\n', "line 2"),
         ('{"problem": "p"}\n', "row 1: no answer"),
-        ('["a list"]\n', "line 1 is not a JSON object"),
+        ('["a list"]\n', "line 1: not a JSON object"),
     ],
 )
 def test_bad_local_files_name_the_place(tmp_path, content, needle):

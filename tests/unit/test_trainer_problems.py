@@ -100,7 +100,7 @@ def test_bad_rows_are_skipped_counted_and_named_in_one_line(tool_model_dir, mess
     line = problems.skip_warning("data.train_datasets")
     assert line is not None and "\n" not in line
     assert line.startswith("data.train_datasets: skipped 5 row(s)")
-    assert f"{messy_file}: line 2 is not valid JSON" in line
+    assert f"{messy_file}: line 2: not valid JSON" in line and line.count("line 2") == 1
     assert "'problem' is list, not a string" in line and "and 2 more" in line
     evals = load_eval_problems(_messy_config(messy_file, False), template)
     assert evals[str(messy_file)].skip_counts() == problems.skip_counts()
@@ -108,7 +108,7 @@ def test_bad_rows_are_skipped_counted_and_named_in_one_line(tool_model_dir, mess
 
 def test_strict_data_stops_on_the_first_bad_row_in_one_line(tool_model_dir, messy_file, tmp_path):
     template = tool_template(tool_model_dir)
-    with pytest.raises(DataError, match="line 2 is not valid JSON") as err:
+    with pytest.raises(DataError, match="line 2: not valid JSON") as err:
         load_train_problems(_messy_config(messy_file, True), template, tmp_path)
     assert "data.strict is on" in str(err.value) and "\n" not in str(err.value)
     long_only = tmp_path / "long.jsonl"

@@ -116,6 +116,7 @@ class Scheduler:
         self._turns: deque[int] = deque(maxlen=settings.growth_window_turns)
         self._sorted_turns: list[int] = []  # the same values, ordered (for the quantile)
         self._segment = settings.initial_segment_tokens
+        self._rescanning = False  # inside the idle-cluster rescan (see _schedule_affinity)
 
     # ---- events ----
 
@@ -230,6 +231,7 @@ class Scheduler:
             traj.home, traj.reserved = None, 0
             if traj.state == "waiting":
                 self._enqueue(traj)  # out of its home queue (a stale entry there now)
+        self._rescan_waiting()
 
     def engine_up(self, engine_id: int, capacity_tokens: int | None = None) -> None:
         """The engine (restarted, empty) takes dispatches again."""
@@ -239,6 +241,7 @@ class Scheduler:
         if capacity_tokens is not None and capacity_tokens > 0:
             engine.capacity_tokens = capacity_tokens
         self._dirty.add(engine_id)
+        self._rescan_waiting()  # a waiting turn may move to the engine that came back
 
     @property
     def engines_up(self) -> int:
@@ -356,7 +359,23 @@ class Scheduler:
             if self._release_waiting_holds_for(head, self.engines[engine_id]) and len(out) < room:
                 out.extend(self._schedule_affinity(room - len(out)))
                 break
+        if not out and blocked and not self._dirty and self._idle():
+            # nothing runs anywhere, so no event will rescan a turn that could run or move now
+            self._rescan_waiting()
+            if self._dirty:
+                out.extend(self._schedule_affinity_once(room))
         return out
+
+    def _schedule_affinity_once(self, room: int) -> list[Assignment]:
+        """One more pass of :meth:`_schedule_affinity` that does not recurse into this."""
+        self._rescanning = True
+        try:
+            return self._schedule_affinity(room)
+        finally:
+            self._rescanning = False
+
+    def _idle(self) -> bool:
+        return not self._rescanning and not any(e.in_flight for e in self.engines)
 
     def _place_new(self, room: int, blocked: dict[int, TrajectoryState]) -> list[Assignment]:
         """First dispatches of new trajectories (kv_affinity), oldest first."""
@@ -408,6 +427,10 @@ class Scheduler:
         return self._segment
 
     # ---- internals ----
+
+    def _rescan_waiting(self) -> None:
+        """Every engine with waiting turns is scanned again at the next :meth:`schedule`."""
+        self._dirty.update(i for i, queue in enumerate(self._home_queues) if queue)
 
     def _engine(self, engine_id: int) -> EngineState:
         if not 0 <= engine_id < len(self.engines):

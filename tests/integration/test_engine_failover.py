@@ -87,16 +87,20 @@ async def test_a_killed_engine_costs_no_token_and_the_rollout_completes(
             killed_at: list[float] = []
 
             async def kill_mid_rollout() -> None:
-                stats = dispatcher.scheduler.stats
-                while stats.dispatches < KILL_AFTER_DISPATCHES:
-                    await asyncio.sleep(0.005)
-                assert dispatcher.scheduler.engines[1].in_flight > 0  # requests in flight there
+                stats, engine_b = dispatcher.scheduler.stats, dispatcher.scheduler.engines[1]
+                # mid-rollout, with requests in flight on the engine that dies
+                while stats.dispatches < KILL_AFTER_DISPATCHES or engine_b.in_flight == 0:
+                    await asyncio.sleep(0.002)
                 os.kill(b_core, signal.SIGKILL)
                 killed_at.append(time.monotonic())
 
             killer = asyncio.create_task(kill_mid_rollout())
-            faulted = await _rollout(dispatcher, sandbox, template)
-            await killer
+            try:
+                faulted = await _rollout(dispatcher, sandbox, template)
+                assert killer.done(), "the rollout ended before the engine could be killed"
+                await killer
+            finally:
+                killer.cancel()
             failures, stats = dispatcher.failures, dispatcher.scheduler.stats
 
         assert [f.engine_id for f in failures] == [1]

@@ -116,7 +116,6 @@ class Scheduler:
         self._turns: deque[int] = deque(maxlen=settings.growth_window_turns)
         self._sorted_turns: list[int] = []  # the same values, ordered (for the quantile)
         self._segment = settings.initial_segment_tokens
-        self._rescanning = False  # inside the idle-cluster rescan (see _schedule_affinity)
 
     # ---- events ----
 
@@ -315,7 +314,7 @@ class Scheduler:
         self.stats.peak_waiting = max(self.stats.peak_waiting, len(self._queue))
         return out
 
-    def _schedule_affinity(self, limit: int | None) -> list[Assignment]:
+    def _schedule_affinity(self, limit: int | None, idle_rescan: bool = True) -> list[Assignment]:
         """kv_affinity: next turns of live trajectories first, each in the queue of the engine
         holding its prefix (oldest first); then new trajectories, onto the engine with the
         most free KV. An engine whose oldest waiting turn was passed ``max_bypass`` times by
@@ -357,25 +356,15 @@ class Scheduler:
         )
         for engine_id, head in list(blocked.items()):
             if self._release_waiting_holds_for(head, self.engines[engine_id]) and len(out) < room:
-                out.extend(self._schedule_affinity(room - len(out)))
+                out.extend(self._schedule_affinity(room - len(out), idle_rescan))
                 break
-        if not out and blocked and not self._dirty and self._idle():
+        idle = not any(e.in_flight for e in self.engines)
+        if idle_rescan and idle and not out and blocked and not self._dirty:
             # nothing runs anywhere, so no event will rescan a turn that could run or move now
             self._rescan_waiting()
             if self._dirty:
-                out.extend(self._schedule_affinity_once(room))
+                out.extend(self._schedule_affinity(room, idle_rescan=False))
         return out
-
-    def _schedule_affinity_once(self, room: int) -> list[Assignment]:
-        """One more pass of :meth:`_schedule_affinity` that does not recurse into this."""
-        self._rescanning = True
-        try:
-            return self._schedule_affinity(room)
-        finally:
-            self._rescanning = False
-
-    def _idle(self) -> bool:
-        return not self._rescanning and not any(e.in_flight for e in self.engines)
 
     def _place_new(self, room: int, blocked: dict[int, TrajectoryState]) -> list[Assignment]:
         """First dispatches of new trajectories (kv_affinity), oldest first."""

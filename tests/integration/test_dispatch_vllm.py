@@ -16,10 +16,9 @@ import pytest_asyncio
 from rstar2.agent.loop import AgentSettings, Trajectory, run_trajectory
 from rstar2.agent.template import ChatTemplate
 from rstar2.rollout.dispatch import Dispatcher, run_scheduled
-from sandbox_pool import PoolConfig, SandboxPool
 from scheduler.core import Policy, SchedulerSettings
 from tests.helpers.tool_model import SCRIPTS
-from tests.helpers.vllm_setup import engine_config, tool_template
+from tests.helpers.vllm_setup import engine_config
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed"),
@@ -40,17 +39,6 @@ async def engines(tool_model_dir: Path):
     yield pair
     for eng in pair:
         await eng.aclose()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def sandbox():
-    async with SandboxPool(PoolConfig(num_workers=2)) as pool:
-        yield pool
-
-
-@pytest.fixture(scope="module")
-def template(tool_model_dir: Path) -> ChatTemplate:
-    return tool_template(tool_model_dir)
 
 
 async def _rollout(

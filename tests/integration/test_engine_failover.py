@@ -16,15 +16,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-import pytest_asyncio
 
 from rstar2.agent.loop import AgentSettings, Trajectory
-from rstar2.agent.template import ChatTemplate
 from rstar2.rollout.dispatch import AllEnginesDown, Dispatcher, run_scheduled
-from sandbox_pool import PoolConfig, SandboxPool
 from scheduler.core import SchedulerSettings
 from tests.helpers.tool_model import SCRIPTS
-from tests.helpers.vllm_setup import engine_config, tool_template
+from tests.helpers.vllm_setup import engine_config
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed"),
@@ -35,17 +32,6 @@ SETTINGS = AgentSettings(
     max_turns=3, max_response_tokens=400, temperature=0.0, tool_response_execution_time=False
 )
 KILL_AFTER_DISPATCHES = 24  # mid-rollout: some trajectories done, many running
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def sandbox():
-    async with SandboxPool(PoolConfig(num_workers=2)) as pool:
-        yield pool
-
-
-@pytest.fixture(scope="module")
-def template(tool_model_dir: Path) -> ChatTemplate:
-    return tool_template(tool_model_dir)
 
 
 async def _engine_with_core_pid(config):

@@ -17,9 +17,8 @@ from rstar2.config import OptimConfig, TorchLearnerConfig
 from rstar2.learner.protocol import TrainSequence
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 from rstar2.sync.buckets import sync_weights
-from sandbox_pool import PoolConfig, SandboxPool
 from tests.helpers.tool_model import SCRIPTS
-from tests.helpers.vllm_setup import engine_config, tool_template
+from tests.helpers.vllm_setup import engine_config
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed"),
@@ -36,17 +35,6 @@ async def engine(tool_model_dir: Path):
     eng = await VLLMEngine.create(engine_config(tool_model_dir, blocks=128))
     yield eng
     await eng.aclose()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def sandbox():
-    async with SandboxPool(PoolConfig(num_workers=2)) as pool:
-        yield pool
-
-
-@pytest.fixture(scope="module")
-def template(tool_model_dir: Path) -> ChatTemplate:
-    return tool_template(tool_model_dir)
 
 
 async def _sample(engine, sandbox, template: ChatTemplate, n: int) -> list[Trajectory]:

@@ -168,16 +168,12 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(
     assert _metrics(run_dir) == _metrics(full_run)
 
 
-def test_sigterm_mid_step_checkpoints_exits_and_resumes_exactly(
-    config_file: Path, full_run: Path
-) -> None:
-    """SIGTERM while a step runs: the step in flight is undone (rollouts) or finished
-    (learning), a checkpoint is written, the run exits 143 leaving no process behind, and
-    --resume then gives the uninterrupted run's metrics."""
-    run_dir = config_file.parent / "terminated"
+def _train_into_step_2(config_file: Path, run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    """``rstar2 train`` in its own session (pipes captured), returned once step 1 is logged
+    and step 2 is under way (or the run ended, or 400 s passed)."""
     cmd = [sys.executable, "-m", "rstar2.cli", "train", "--config", str(config_file)]
     proc = subprocess.Popen(
-        [*cmd, "--run-dir", str(run_dir), "--quiet"],
+        [*cmd, *args, "--run-dir", str(run_dir)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -189,8 +185,24 @@ def test_sigterm_mid_step_checkpoints_exits_and_resumes_exactly(
     try:
         while proc.poll() is None and time.monotonic() < deadline:
             if metrics.is_file() and '"reward_mean"' in metrics.read_text():
-                break  # step 1 is logged: step 2 is under way
-            time.sleep(0.1)
+                break
+            time.sleep(0.05)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return proc
+
+
+def test_sigterm_mid_step_checkpoints_exits_and_resumes_exactly(
+    config_file: Path, full_run: Path
+) -> None:
+    """SIGTERM while a step runs: the step in flight is undone (rollouts) or finished
+    (learning), a checkpoint is written, the run exits 143 leaving no process behind, and
+    --resume then gives the uninterrupted run's metrics."""
+    run_dir = config_file.parent / "terminated"
+    proc = _train_into_step_2(config_file, run_dir, "--quiet")
+    try:
         assert proc.poll() is None, "the run ended before it could be stopped"
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=300)
@@ -404,22 +416,8 @@ def test_an_engine_killed_mid_run_is_restarted_and_the_run_is_unchanged(
     import psutil
 
     run_dir = config_file.parent / "engine-killed"
-    cmd = [sys.executable, "-m", "rstar2.cli", "train", "--config", str(config_file)]
-    proc = subprocess.Popen(
-        [*cmd, "rollout.num_engines=2", "--run-dir", str(run_dir)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 400
+    proc = _train_into_step_2(config_file, run_dir, "rollout.num_engines=2")
     try:
-        while proc.poll() is None and time.monotonic() < deadline:
-            if metrics.is_file() and '"reward_mean"' in metrics.read_text():
-                break  # step 1 is logged: step 2 is under way
-            time.sleep(0.05)
         cores = [
             p for p in psutil.Process(proc.pid).children(recursive=True) if "EngineCore" in p.name()
         ]

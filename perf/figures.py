@@ -3,10 +3,16 @@
 A ``ratio`` figure divides by a reference measured in the same run (the fresh-python3 baseline,
 round robin, the simulator's lower bound, a plain transformers step): it holds across runs on a
 noisy machine. An ``absolute`` figure (ms, tokens/s) holds only on a quiet machine or a GPU.
+
+Where the benchmark measures the figure and its reference in alternating rounds (a drift of the
+machine then moves both alike), the figure is the median of the per-round ratios and ``spread``
+is how far the rounds scattered around it: a change smaller than the two runs' spreads is noise
+and is not flagged, however large (the table says so), and a change past 5% and past the noise is.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -23,13 +29,14 @@ class Figure:
     unit: str
     better: Better
     kind: Kind = "absolute"
+    spread: float = 0.0  # the rounds' relative scatter around ``value`` (paired ratios only)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Figure:
-        return cls(**data)
+        return cls(**data)  # a results file from before ``spread`` reads as spread 0
 
 
 @dataclass(frozen=True)
@@ -37,10 +44,15 @@ class Change:
     figure: Figure
     baseline: float
     worse_by: float  # >0: worse than the baseline by this fraction; <0: better
+    noise: float = 0.0  # the two runs' spreads together: a move within it is not a change
 
     @property
     def flagged(self) -> bool:
-        return self.worse_by > TOLERANCE
+        return self.worse_by > TOLERANCE and self.worse_by > self.noise
+
+    @property
+    def within_noise(self) -> bool:
+        return self.worse_by > TOLERANCE and not self.flagged
 
 
 def worse_by(value: float, baseline: float, better: Better) -> float:
@@ -63,7 +75,8 @@ def compare(current: Iterable[Figure], baseline: Iterable[Figure]) -> list[Chang
     for fig in current:
         base = before.get(fig.name)
         if base is not None:
-            changes.append(Change(fig, base.value, worse_by(fig.value, base.value, fig.better)))
+            moved = worse_by(fig.value, base.value, fig.better)
+            changes.append(Change(fig, base.value, moved, fig.spread + base.spread))
     return changes
 
 
@@ -72,6 +85,20 @@ def ratio(name: str, value: float, reference: float, better: Better) -> Figure:
     ZeroDivisionError on a zero reference (the suite then reports the benchmark's figures as
     failed rather than print a meaningless ratio)."""
     return Figure(name, round(value / reference, 3), "x", better, "ratio")
+
+
+def paired_ratio(
+    name: str, values: Sequence[float], references: Sequence[float], better: Better
+) -> Figure:
+    """The median of ``values[i] / references[i]`` over rounds measured back to back, with its
+    spread: the largest relative distance of a round's ratio from that median. Raises
+    ValueError on no rounds or unequal lengths, ZeroDivisionError on a zero reference."""
+    if not values or len(values) != len(references):
+        raise ValueError(f"{name}: {len(values)} values against {len(references)} references")
+    rounds = [v / r for v, r in zip(values, references, strict=True)]
+    mid = statistics.median(rounds)
+    spread = max(abs(x / mid - 1) for x in rounds) if mid else 0.0
+    return Figure(name, round(mid, 3), "x", better, "ratio", round(spread, 3))
 
 
 def table(figures: Sequence[Figure], changes: Sequence[Change] = ()) -> list[str]:
@@ -83,9 +110,11 @@ def table(figures: Sequence[Figure], changes: Sequence[Change] = ()) -> list[str
         line = f"{fig.name:<{width}}  {fmt(fig.value):>12} {fig.unit:<8} {fig.kind:<8}"
         change = moved.get(fig.name)
         if change is not None:
-            mark = "!" if change.flagged else " "
+            mark = "!" if change.flagged else "~" if change.within_noise else " "
             verdict = "worse" if change.worse_by > 0 else "better"
             line += f" {mark} was {fmt(change.baseline)}, {abs(change.worse_by):.1%} {verdict}"
+            if change.within_noise:
+                line += f" (within the rounds' ±{change.noise:.1%})"
         lines.append(line.rstrip())
     return lines
 

@@ -2,13 +2,13 @@
 
 Workloads: ``print(1+1)``, a small sympy solve (raw, and inside a wrapper shaped like the public
 rStar2 client's: the code base64-encoded, decoded and exec'd), a 0.2 s CPU loop; concurrency
-1, 8 and 64. The
-baseline runs each call as ``python3 -c CODE`` in a new process (what the public rStar2 port's
-code-judge does), in this same run, so ratios compare like with like on this machine. Prints a
-table, then one JSON line: per (system, workload, concurrency) p50_ms, p99_ms, throughput_per_s,
-failures, the latency at every 5th percentile (cdf_ms), and ours/baseline throughput ratios.
+1, 8 and 64. The baseline runs each call as ``python3 -c CODE`` in a new process (what the
+public rStar2 port's code-judge does), in this same run and in rounds alternating with ours, so
+ratios compare like with like on this machine. Prints a table, then one JSON line: per (system,
+workload, concurrency) p50_ms, p99_ms, throughput_per_s (and per round), failures, the latency
+at every 5th percentile (cdf_ms), and ours/baseline throughput ratios (median over rounds).
 
-    python -m perf.sandbox [--calls N] [--systems embedded,http,baseline]
+    python -m perf.sandbox [--calls N] [--rounds 3] [--systems embedded,http,baseline]
                            [--workloads print,sympy,...] [--concurrency 1,8,64]
 """
 
@@ -19,6 +19,7 @@ import asyncio
 import base64
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -54,6 +55,7 @@ WORKLOADS = {
 }
 EXPECTED = {"print": "2\n", "sympy": "[2, 3]\n", "sympy_wrapped": "[2, 3]\n", "cpu_0.2s": "done\n"}
 CONCURRENCY = (1, 8, 64)
+ROUNDS = 3
 Runner = Callable[[str], Awaitable[ExecResult]]
 
 
@@ -74,15 +76,22 @@ async def _measure(run: Runner, code: str, expected: str, calls: int, conc: int)
     start = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(calls)))
     wall = time.perf_counter() - start
-    latencies.sort()
+    return {
+        "latencies_s": latencies,
+        "wall_s": wall,
+        "throughput_per_s": round(calls / wall, 2),
+        "failures": failures,
+        "calls": calls,
+    }
+
+
+def _summary(latencies: list[float]) -> dict[str, Any]:
+    """Percentiles of sorted per-call latencies: every 5th (cdf_ms), p50 and p99."""
     last = len(latencies) - 1
     return {
         "cdf_ms": [round(latencies[round(last * q / 20)] * 1e3, 3) for q in range(21)],
         "p50_ms": round(latencies[len(latencies) // 2] * 1e3, 2),
-        "p99_ms": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1e3, 2),
-        "throughput_per_s": round(calls / wall, 1),
-        "failures": failures,
-        "calls": calls,
+        "p99_ms": round(latencies[min(last, int(0.99 * len(latencies)))] * 1e3, 2),
     }
 
 
@@ -127,20 +136,28 @@ async def _bench(
     settle: Callable[[], Awaitable[None]],
     workloads: list[str] | None = None,
     concurrency: tuple[int, ...] = CONCURRENCY,
+    rounds: int = ROUNDS,
 ) -> None:
-    """Every (workload, concurrency) cell on every system back to back, so a cell's ratios
-    compare measurements taken under the same load on this shared machine."""
+    """Every (workload, concurrency) cell on every system in ``rounds`` alternating rounds
+    (embedded, http, baseline, embedded, ...), so a drift of this shared machine moves each
+    round's systems alike and the per-round throughput ratios cancel it. A row pools its
+    rounds' calls (latency percentiles over all of them) and keeps each round's throughput."""
     for workload in workloads or list(WORKLOADS):
         code = WORKLOADS[workload]
         for run in systems.values():
             await run(code)  # warm
         for conc in concurrency:
-            for system, run in systems.items():
-                await settle()  # every cell starts from a full stock of ready children
-                n = _calls_for(workload, conc, base_calls)
-                if system == "baseline":
-                    n = max(conc * 4, n // 4)  # slow: fewer calls, but 4 rounds of conc
-                stats = await _measure(run, code, EXPECTED[workload], n, conc)
+            per_round: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+            for _ in range(rounds):
+                for system, run in systems.items():
+                    await settle()  # every cell starts from a full stock of ready children
+                    n = _calls_for(workload, conc, base_calls)
+                    if system == "baseline":
+                        n = max(conc * 4, n // 4)  # slow: fewer calls, but 4 rounds of conc
+                    n = max(conc, n // rounds)
+                    per_round[system].append(await _measure(run, code, EXPECTED[workload], n, conc))
+            for system, measured in per_round.items():
+                stats = _pool(measured)
                 rows[f"{system}/{workload}/c{conc}"] = stats
                 print(
                     f"{system:<9} {workload:<13} c={conc:<3} p50 {stats['p50_ms']:>8.2f} ms  "
@@ -148,6 +165,20 @@ async def _bench(
                     f"failures {stats['failures']}",
                     flush=True,
                 )
+
+
+def _pool(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from a cell's rounds: percentiles over every call, throughput over every
+    round's wall time, and each round's own throughput (for the paired ratios)."""
+    latencies = sorted(x for r in rounds for x in r.pop("latencies_s"))
+    calls = sum(r["calls"] for r in rounds)
+    return {
+        **_summary(latencies),
+        "throughput_per_s": round(calls / sum(r["wall_s"] for r in rounds), 1),
+        "round_throughput_per_s": [r["throughput_per_s"] for r in rounds],
+        "failures": sum(r["failures"] for r in rounds),
+        "calls": calls,
+    }
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -176,7 +207,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 runners["http"] = client.run
             if "baseline" in systems:
                 runners["baseline"] = _baseline
-            await _bench(runners, args.calls, rows, pool.wait_warm, **bench)
+            await _bench(runners, args.calls, rows, pool.wait_warm, **bench, rounds=args.rounds)
         await runner.cleanup()
 
     ratios = {}
@@ -184,8 +215,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         system, rest = key.split("/", 1)
         base = rows.get(f"baseline/{rest}")
         if system != "baseline" and base:
+            pairs = zip(row["round_throughput_per_s"], base["round_throughput_per_s"], strict=True)
             ratios[f"{key}/vs_baseline"] = round(
-                row["throughput_per_s"] / base["throughput_per_s"], 2
+                statistics.median(ours / theirs for ours, theirs in pairs), 2
             )
     result = {"benchmark": "sandbox", "cores": os.cpu_count(), "rows": rows, "ratios": ratios}
     print(json.dumps(result))
@@ -196,6 +228,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=400, help="calls per print cell")
     parser.add_argument("--systems", default="embedded,http,baseline")
+    parser.add_argument(
+        "--rounds", type=int, default=ROUNDS, help="alternating rounds per cell (calls split)"
+    )
     parser.add_argument("--workloads", type=lambda v: v.split(","), default=list(WORKLOADS))
     parser.add_argument(
         "--concurrency", type=lambda v: tuple(int(c) for c in v.split(",")), default=CONCURRENCY

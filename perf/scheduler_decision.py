@@ -4,14 +4,16 @@
 
 Fills the scheduler with ``--live`` trajectories (all admitted that fit, the rest waiting), then
 replays turn boundaries: a running dispatch finishes, its trajectory's next turn becomes ready,
-and ``schedule()`` places whatever now fits. Reports per policy the mean and p99 time of one
-event cycle and of one placement decision (schedule() time / dispatches it returned). Prints a
-table, then one JSON line.
+and ``schedule()`` places whatever now fits. The policies run in alternating chunks of events
+with the garbage collector off. Reports per policy the mean and p99 time of one event cycle, of
+one placement decision (schedule() time / dispatches it returned), and each chunk's mean cycle.
+Prints a table, then one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import time
@@ -20,53 +22,94 @@ from typing import Any
 from scheduler.core import POLICIES, Policy, Scheduler, SchedulerSettings
 
 
-def measure(policy: Policy, engines: int, live: int, events: int, seed: int) -> dict[str, Any]:
-    rng = random.Random(seed)
-    sched = Scheduler([2_000_000] * engines, SchedulerSettings(policy=policy, block_size_tokens=16))
-    context: dict[str, int] = {}
-    limit: dict[str, int] = {}  # context at which a trajectory's budget is spent
-    for i in range(live):
-        tid = f"t{i}"
-        context[tid] = rng.randint(150, 600)
-        limit[tid] = context[tid] + 12_288
-        sched.submit(tid, prompt_tokens=context[tid], max_response_tokens=12_288)
-    running = [a.traj_id for a in sched.schedule()]
-    cycles: list[float] = []
-    decide_s = 0.0
-    decisions = 0
-    for _ in range(events):
-        if not running:
-            break
-        tid = running.pop(rng.randrange(len(running)))
-        gen = rng.randint(50, 1500)
-        t0 = time.perf_counter()
-        sched.generation_finished(tid, gen)
-        context[tid] += gen + 128
-        if context[tid] + 1000 > limit[tid]:
-            sched.finish(tid)  # spent: a fresh trajectory takes its place
-            del context[tid]
-            tid = f"{tid}x"
-            context[tid] = rng.randint(150, 600)
-            limit[tid] = context[tid] + 12_288
-            sched.submit(tid, prompt_tokens=context[tid], max_response_tokens=12_288)
-        else:
-            sched.turn_ready(tid, context[tid])
-        t1 = time.perf_counter()
-        placed = sched.schedule()
-        t2 = time.perf_counter()
-        cycles.append(t2 - t0)
-        decide_s += t2 - t1
-        decisions += len(placed)
-        running.extend(a.traj_id for a in placed)
-    cycles.sort()
+class Replay:
+    """One policy's scheduler under the load, advanced event by event (chunks of a replay
+    can alternate with other policies' chunks: see :func:`measure_all`)."""
+
+    def __init__(self, policy: Policy, engines: int, live: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        settings = SchedulerSettings(policy=policy, block_size_tokens=16)
+        self.sched = Scheduler([2_000_000] * engines, settings)
+        self.context: dict[str, int] = {}
+        self.limit: dict[str, int] = {}  # context at which a trajectory's budget is spent
+        for i in range(live):
+            self._submit(f"t{i}")
+        self.running = [a.traj_id for a in self.sched.schedule()]
+        self.cycles: list[float] = []
+        self.decide_s = 0.0
+        self.decisions = 0
+
+    def _submit(self, tid: str) -> None:
+        self.context[tid] = self.rng.randint(150, 600)
+        self.limit[tid] = self.context[tid] + 12_288
+        self.sched.submit(tid, prompt_tokens=self.context[tid], max_response_tokens=12_288)
+
+    def run(self, events: int) -> list[float]:
+        """Replay up to ``events`` turn boundaries; returns their cycle times in seconds."""
+        rng, sched, context = self.rng, self.sched, self.context
+        cycles = []
+        for _ in range(events):
+            if not self.running:
+                break
+            tid = self.running.pop(rng.randrange(len(self.running)))
+            gen = rng.randint(50, 1500)
+            t0 = time.perf_counter()
+            sched.generation_finished(tid, gen)
+            context[tid] += gen + 128
+            if context[tid] + 1000 > self.limit[tid]:
+                sched.finish(tid)  # spent: a fresh trajectory takes its place
+                del context[tid]
+                tid = f"{tid}x"
+                self._submit(tid)
+            else:
+                sched.turn_ready(tid, context[tid])
+            t1 = time.perf_counter()
+            placed = sched.schedule()
+            t2 = time.perf_counter()
+            cycles.append(t2 - t0)
+            self.decide_s += t2 - t1
+            self.decisions += len(placed)
+            self.running.extend(a.traj_id for a in placed)
+        self.cycles += cycles
+        return cycles
+
+    def row(self) -> dict[str, Any]:
+        cycles = sorted(self.cycles)
+        return {
+            "live": self.sched.num_live,
+            "waiting": self.sched.num_waiting,
+            "events": len(cycles),
+            "cycle_mean_us": round(1e6 * sum(cycles) / len(cycles), 2),
+            "cycle_p99_us": round(1e6 * cycles[int(0.99 * (len(cycles) - 1))], 2),
+            "decision_mean_us": round(1e6 * self.decide_s / max(self.decisions, 1), 2),
+            "decisions": self.decisions,
+        }
+
+
+def measure_all(
+    engines: int, live: int, events: int, seed: int, rounds: int = 5
+) -> dict[str, dict[str, Any]]:
+    """Every policy's replay in ``rounds`` alternating chunks with the garbage collector off
+    (as timeit does), so a drift of the machine moves every policy alike; each row keeps its
+    chunks' mean cycle times (``round_cycle_mean_us``) for ratios paired by chunk."""
+    replays = {policy: Replay(policy, engines, live, seed) for policy in POLICIES}
+    chunk_means: dict[str, list[float]] = {policy: [] for policy in POLICIES}
+    chunk = max(1, events // rounds)
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for policy, replay in replays.items():
+                cycles = replay.run(chunk)
+                if cycles:
+                    chunk_means[policy].append(round(1e6 * sum(cycles) / len(cycles), 2))
+    finally:
+        if was_enabled:
+            gc.enable()
     return {
-        "live": sched.num_live,
-        "waiting": sched.num_waiting,
-        "events": len(cycles),
-        "cycle_mean_us": round(1e6 * sum(cycles) / len(cycles), 2),
-        "cycle_p99_us": round(1e6 * cycles[int(0.99 * (len(cycles) - 1))], 2),
-        "decision_mean_us": round(1e6 * decide_s / max(decisions, 1), 2),
-        "decisions": decisions,
+        policy: {**replay.row(), "round_cycle_mean_us": chunk_means[policy]}
+        for policy, replay in replays.items()
     }
 
 
@@ -76,14 +119,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--live", type=int, default=8000)
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=5, help="alternating chunks per policy")
     args = parser.parse_args(argv)
-    rows: dict[str, Any] = {}
     print(
         f"{'policy':<15}{'live':>7}{'waiting':>9}{'cycle_us':>10}{'p99_us':>9}{'decision_us':>13}"
     )
-    for policy in POLICIES:
-        row = measure(policy, args.engines, args.live, args.events, args.seed)
-        rows[policy] = row
+    rows = measure_all(args.engines, args.live, args.events, args.seed, args.rounds)
+    for policy, row in rows.items():
         print(
             f"{policy:<15}{row['live']:>7}{row['waiting']:>9}{row['cycle_mean_us']:>10.1f}"
             f"{row['cycle_p99_us']:>9.1f}{row['decision_mean_us']:>13.1f}",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from perf.figures import Figure, ratio
+from perf.figures import Figure, paired_ratio, ratio
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,10 @@ def _reward(r: dict[str, Any]) -> list[Figure]:
     return [
         Figure("reward.median_score", r["median_score_ms"], "ms", "lower"),
         Figure("reward.cold_verif_per_core", r["cold_verif_per_s_per_core"], "1/s", "higher"),
-        ratio(
+        paired_ratio(
             "reward.cold_per_core_vs_math_verify",
-            r["cold_verif_per_s_per_core"],
-            r["baseline_verif_per_s"],
+            r.get("round_cold_verif_per_s_per_core") or [r["cold_verif_per_s_per_core"]],
+            r.get("round_baseline_verif_per_s") or [r["baseline_verif_per_s"]],
             "higher",
         ),
     ]
@@ -50,14 +50,14 @@ def _sandbox(r: dict[str, Any]) -> list[Figure]:
         base = rows.get(f"baseline/{workload}/{conc}")
         if base:
             out.append(
-                ratio(
-                    f"{name}.throughput_vs_python3",
-                    row["throughput_per_s"],
-                    base["throughput_per_s"],
-                    "higher",
-                )
+                paired_ratio(f"{name}.throughput_vs_python3", _rounds(row), _rounds(base), "higher")
             )
     return out
+
+
+def _rounds(row: dict[str, Any]) -> list[float]:
+    """A sandbox row's per-round throughputs (one round in files from before rounds)."""
+    return row.get("round_throughput_per_s") or [row["throughput_per_s"]]
 
 
 def _roc(r: dict[str, Any]) -> list[Figure]:
@@ -73,17 +73,16 @@ def _scheduler_decision(r: dict[str, Any]) -> list[Figure]:
         Figure(f"scheduler.decision.{name}", p["decision_mean_us"], "us", "lower")
         for name, p in policies.items()
     ]
-    reference = policies["round_robin"]["cycle_mean_us"]
+    reference = _chunks(policies["round_robin"])
     for name in ("kv_capacity", "kv_affinity"):
-        out.append(
-            ratio(
-                f"scheduler.cycle.{name}_vs_round_robin",
-                policies[name]["cycle_mean_us"],
-                reference,
-                "lower",
-            )
-        )
+        name_of = f"scheduler.cycle.{name}_vs_round_robin"
+        out.append(paired_ratio(name_of, _chunks(policies[name]), reference, "lower"))
     return out
+
+
+def _chunks(row: dict[str, Any]) -> list[float]:
+    """A policy's per-chunk mean cycle times (one chunk in files from before chunks)."""
+    return row.get("round_cycle_mean_us") or [row["cycle_mean_us"]]
 
 
 def _rollout_sim(r: dict[str, Any]) -> list[Figure]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from perf import readme
-from perf.figures import Figure, compare, ratio, table, worse_by
+from perf.figures import Figure, compare, paired_ratio, ratio, table, worse_by
 from perf.suite import ALL, CPU_SUITE, GPU_SUITE, select
 
 RESULTS = Path(__file__).resolve().parents[2] / "perf" / "results"
@@ -38,6 +38,27 @@ def test_a_planted_ten_percent_slowdown_is_flagged_and_a_rerun_is_not():
     assert not any(c.flagged for c in compare(slightly, run))
     lines = table(slower, compare(slower, run))
     assert all(" ! was " in line and "worse" in line for line in lines)
+
+
+def test_a_paired_ratio_is_the_median_round_and_its_scatter_bounds_what_is_flagged():
+    steady = paired_ratio("a.vs_python3", [6.0, 6.3, 5.7], [1.0, 1.05, 0.95], "higher")
+    assert steady.value == 6.0 and steady.spread == 0.0 and steady.kind == "ratio"
+    noisy = paired_ratio("a.vs_python3", [6.0, 7.2, 5.1], [1.0, 1.0, 1.0], "higher")
+    assert noisy.value == 6.0 and noisy.spread == pytest.approx(0.2)
+    planted = paired_ratio("a.vs_python3", [5.4, 5.67, 5.13], [1.0, 1.05, 0.95], "higher")
+    (change,) = compare([planted], [steady])
+    assert change.flagged and change.noise == 0.0  # 10% worse, both runs steady
+    (change,) = compare([planted], [noisy])
+    assert not change.flagged and change.within_noise  # 11% worse, rounds scattered 20%
+    assert (
+        "~ was 6," in table([planted], [change])[0]
+        and "within the rounds'" in table([planted], [change])[0]
+    )
+    (change,) = compare([paired_ratio("a.vs_python3", [4.0], [1.0], "higher")], [noisy])
+    assert change.flagged  # 50% worse: past the noise
+    with pytest.raises(ValueError, match="2 values against 1"):
+        paired_ratio("a.x", [1.0, 2.0], [1.0], "higher")
+    assert Figure.from_json({k: v for k, v in steady.to_json().items() if k != "spread"})
 
 
 def test_suites_are_explicit_and_selectable():

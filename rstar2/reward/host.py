@@ -1,11 +1,11 @@
 """The reward's verification pool, hosted in a process started from our own entry point.
 
-``python -m rstar2.reward.host READ_FD WRITE_FD`` is started by :class:`HostedPool`; it runs the
-pebble process pool (forkserver, math-verify preloaded, timeouts that kill and replace a
+``python -m rstar2.reward.host_entry READ_FD WRITE_FD`` is started by :class:`HostedPool`; it
+runs the pebble process pool (forkserver, math-verify preloaded, timeouts that kill and replace a
 worker) and answers verification requests over two pipes. Python's forkserver and spawn
 children re-import the *parent's* ``__main__`` before they run anything: for a user's plain
 script without a main guard, that re-runs the whole script inside every worker. Here the
-parent's ``__main__`` is this module, whose body only defines things, so a user's script runs
+parent's ``__main__`` is that entry module, whose body is guarded, so a user's script runs
 exactly once however the scorer is called.
 
 Protocol (pickled tuples over :class:`multiprocessing.connection.Connection`):
@@ -42,6 +42,9 @@ FunctionRef = tuple[str, ...]  # ("import", module, qualname) or ("pickle", pick
 
 class RewardHostBroken(RuntimeError):
     """The verification host died ``max_restarts`` times in a row: scores would all be 0."""
+
+
+ENTRY = "rstar2.reward.host_entry"
 
 
 def function_ref(fn: VerifyFn) -> FunctionRef:
@@ -186,7 +189,7 @@ class HostedPool:
         proc = None
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "rstar2.reward.host", str(to_host_r), str(from_host_w)],
+                [sys.executable, "-m", ENTRY, str(to_host_r), str(from_host_w)],
                 pass_fds=(to_host_r, from_host_w),
                 stdin=subprocess.DEVNULL,
                 env=env,
@@ -285,7 +288,3 @@ def main(argv: list[str]) -> None:
     finally:
         pool.stop()
         pool.join()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

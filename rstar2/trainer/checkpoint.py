@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rstar2 import failpoints
 from rstar2.learner.protocol import Learner
 from rstar2.trainer import durable
 from rstar2.trainer import state as st
@@ -76,6 +77,7 @@ class Checkpointer:
             if old.exists():
                 shutil.rmtree(old)
             learner.save(tmp / "learner")
+            failpoints.hit("checkpoint_write", state.step)
             if extra is not None:
                 extra(tmp)
             st.write_state(tmp, state, sealed=True)

@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rstar2 import recipe
+from rstar2 import failpoints, recipe
 from rstar2.agent.template import ChatTemplate
 from rstar2.config import Config, StageConfig
 from rstar2.learner.protocol import Learner, TrainSequence
@@ -260,7 +260,7 @@ class Trainer:
             self.ahead.start(step + 1, state, draw, learner.step)
         selected = select(batch.groups, cfg.augmentation, cfg.algorithm, self.rng)
         staleness = learner.step - batch.weight_version
-        learned = await self._learn(selected.sequences)
+        learned = await self._learn(selected.sequences, step)
         clock.mark("learn")
         with contextlib.suppress(Stopped):  # this step learned: it completes; the loop stops
             await self.ahead.settle(state)  # the run-ahead finishes on the old weights
@@ -290,7 +290,7 @@ class Trainer:
         stage = self.cfg.stages[self.state.stage_index]
         return await self.source.step_groups(problems, stage, step)
 
-    async def _learn(self, seqs: list[TrainSequence]) -> dict[str, float]:
+    async def _learn(self, seqs: list[TrainSequence], step: int) -> dict[str, float]:
         """The learner step, off the event loop (rollouts ahead go on meanwhile)."""
         if not seqs:
             return {}
@@ -299,6 +299,7 @@ class Trainer:
         if self.cfg.algorithm.recompute_old_logprobs:
             old = await asyncio.to_thread(self.learner.compute_logprobs, seqs)
             seqs = [replace(s, old_logprobs=o) for s, o in zip(seqs, old, strict=True)]
+        failpoints.hit("learn", step)
         return await asyncio.to_thread(self.learner.train_step, seqs)
 
     async def _sync_weights(self) -> SyncStats | None:

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rstar2 import failpoints
 from rstar2.agent.loop import AgentSettings, Trajectory
 from rstar2.data.schema import DataError
 from rstar2.trainer.batch import Rollout
@@ -48,6 +49,7 @@ async def collect(
         traj = await run(prompts[g], settings)
         start = time.perf_counter()
         reward = await scorer.ascore(traj.response_text, truths[g])
+        failpoints.hit("rollout", step)
         if progress is not None:
             progress.update(1)
         return Rollout(

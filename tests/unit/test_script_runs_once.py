@@ -45,6 +45,7 @@ def _run(tmp_path: Path, source: str) -> str:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "Warning" not in done.stderr, done.stderr  # the user's console stays clean
     return done.stdout
 
 

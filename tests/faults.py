@@ -1,0 +1,131 @@
+"""The fault-injection harness the fault tests share (issue #21 item 7): real processes and
+real signals, nothing mocked of the part that fails.
+
+- :func:`kill_engine_core`: SIGKILL one vLLM engine-core process under a trainer or test;
+- :func:`kill_group`: SIGKILL a process group (a sandbox worker and its zygotes, a trainer's
+  engines and hosts after it died);
+- :func:`start_redis`, :class:`RestartableRedis`: a redis-server, and one restarted on the
+  same port and data dir;
+- :func:`train_until_failpoint`: ``rstar2 train`` SIGKILLed by itself at a named point
+  (:mod:`rstar2.failpoints`: during rollout, during the learner step, mid checkpoint write);
+- :func:`small_tmpfs`: a real tmpfs of a few MiB, to fill a disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rstar2.failpoints import ENV as FAILPOINTS_ENV
+from tests.conftest import REPO
+
+
+def kill_engine_core(root_pid: int, expect: int = 1, which: int = -1) -> int:
+    """SIGKILL the ``which``-th of the ``expect`` engine-core processes under ``root_pid``;
+    returns its pid. Fails when the count differs (the fault would land elsewhere)."""
+    import psutil
+
+    cores = [
+        p for p in psutil.Process(root_pid).children(recursive=True) if "EngineCore" in p.name()
+    ]
+    assert len(cores) == expect, [p.name() for p in cores]
+    cores[which].kill()
+    return cores[which].pid
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL process group ``pid`` (gone already: nothing to do)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def train_until_failpoint(point: str, *args: str, timeout_s: float = 600) -> str:
+    """``rstar2 train *args`` with ``point`` (e.g. ``"learn@3"``) armed, in its own session;
+    asserts the trainer died by its own SIGKILL there (not by an error, not by finishing), then
+    SIGKILLs what it left in its group (engines, hosts) as an operator's cleanup would.
+    Returns the trainer's output (through a file: its orphans would hold a pipe open)."""
+    env = {**os.environ, FAILPOINTS_ENV: point}
+    cmd = [sys.executable, "-m", "rstar2.cli", "train", *args]
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            proc.wait(timeout=timeout_s)
+        finally:
+            kill_group(proc.pid)
+            proc.wait()
+        out.seek(0)
+        text = out.read()
+    assert proc.returncode == -signal.SIGKILL, f"{point}: exit {proc.returncode}\n{text[-3000:]}"
+    return text
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free at the time of the call."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_redis(port: int, *args: str) -> subprocess.Popen[bytes]:
+    """redis-server on 127.0.0.1:``port`` (extra config ``args``), once it accepts connections."""
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", *args],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return proc
+
+
+class RestartableRedis:
+    """A redis-server with an append-only file fsynced per write (an acknowledged write is on
+    disk, see sandbox_pool.redis_queue), restartable on the same port and data dir."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._args = ("--dir", str(data_dir), "--save", "", "--appendonly", "yes")
+        self._args += ("--appendfsync", "always")
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        return start_redis(self.port, *self._args)
+
+    def restart(self) -> None:
+        self.stop()
+        self.proc = self._start()
+
+    def stop(self) -> None:
+        self.proc.terminate()  # SIGTERM: redis-server shuts down cleanly, AOF flushed
+        self.proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount: Path, size_mib: int = 3) -> Iterator[Path]:
+    """A real ``size_mib`` MiB tmpfs at ``mount`` (skips the test where mounting needs root
+    this process lacks); unmounted on exit."""
+    mount.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(mount)])
+    if done.returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)

@@ -54,6 +54,10 @@ DEFAULT_UID_BASE = 1_500_000
 _PIPE_CAPACITY = 65536
 
 
+class _Vanished(Exception):
+    """The child was gone before it received the call (killed from outside): nothing ran."""
+
+
 class PoolClosed(RuntimeError):
     """The pool was closed; create a new one."""
 
@@ -95,6 +99,7 @@ class SandboxPool(SandboxAPI):
         self._running = 0
         self._closed = False
         self.completed = 0
+        self.vanished = 0  # ready children found dead when a call came (the call took another)
 
     # ---- lifecycle ----
 
@@ -170,16 +175,22 @@ class SandboxPool(SandboxAPI):
         self._running += 1
         zygote = self._zygotes[image_for(request.code, request.language)]
         try:
-            child = await zygote.take(self.config.startup_timeout_s)
-        except (TimeoutError, IsolationUnavailable) as exc:
-            self._running -= 1
-            self._slots.release()
-            reason = str(exc) or "no sandbox process became ready"
-            return ExecResult(status="internal_error", stderr=reason)
-        try:
-            return await self._call(child, request, self._limits_for(request))
+            # a killed zygote takes its whole stock of ready children with it: one call may
+            # find every one of them dead before a fresh one comes
+            for _ in range(zygote.config.num_children + 1):
+                try:
+                    child = await zygote.take(self.config.startup_timeout_s)
+                except (TimeoutError, IsolationUnavailable) as exc:
+                    reason = str(exc) or "no sandbox process became ready"
+                    return ExecResult(status="internal_error", stderr=reason)
+                try:
+                    return await self._call(child, request, self._limits_for(request))
+                except _Vanished:  # killed before it got the code: nothing ran, take another
+                    self.vanished += 1
+                finally:
+                    zygote.release(child)
+            return ExecResult(status="internal_error", stderr="sandbox process vanished")
         finally:
-            zygote.release(child)
             self.completed += 1
             self._running -= 1
             self._slots.release()
@@ -219,7 +230,7 @@ class SandboxPool(SandboxAPI):
                 else:
                     write_all(child.job_w, frame)
             except OSError:
-                return ExecResult(status="internal_error", stderr="sandbox process vanished")
+                raise _Vanished from None
             call.arm(self.config.cpp_compile_timeout_s if cpp else limits.timeout_s)
             msg = await call.done
             call.disarm()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -367,6 +368,32 @@ async def test_the_stock_of_ready_children_refills_after_a_burst():
             while pool.status()["ready"] != full and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert pool.status()["ready"] == full
+
+
+async def test_ready_children_killed_from_outside_cost_a_call_nothing(pool):
+    """A ready child SIGKILLed before it gets a call (an operator, the OOM killer, its zygote
+    gone) has run nothing: the call takes another child rather than answer internal_error."""
+    await pool.wait_warm()
+    zygote = pool._zygotes[image_for("print(1)", "python")]
+    dead = [child.pid for child in list(zygote.ready._queue)]
+    assert dead
+    for pid in dead:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in dead):
+        assert time.monotonic() < deadline, "the killed children did not exit"
+        await asyncio.sleep(0.02)
+    results = await asyncio.gather(*(pool.run(f"print({i})") for i in range(4)))
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(4)], results
+    assert pool.vanished >= 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 async def test_kernel_keyrings_are_denied(pool):

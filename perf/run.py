@@ -202,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     write_report(run, folder, changes)
     print("\n".join(table(figures, changes)))
     if args.compare:
-        print(f"{len(run['flagged'])} figure(s) more than 5% worse than {args.compare}")
+        noisy = sum(c.within_noise for c in changes)
+        print(
+            f"{len(run['flagged'])} figure(s) more than 5% worse than {args.compare}, past "
+            f"their rounds' spread; {noisy} more than 5% worse within it ('~')"
+        )
     print(f"results: {results_file}\nreport:  {folder / 'report.md'}")
     failed = [n for n, b in run["benchmarks"].items() if b["status"] != "ok"]
     return 1 if failed else 0

@@ -154,7 +154,7 @@ async def _bench(
                     n = _calls_for(workload, conc, base_calls)
                     if system == "baseline":
                         n = max(conc * 4, n // 4)  # slow: fewer calls, but 4 rounds of conc
-                    n = max(conc, n // rounds)
+                    n = conc * max(1, round(n / rounds / conc))  # whole waves: no thin tail
                     per_round[system].append(await _measure(run, code, EXPECTED[workload], n, conc))
             for system, measured in per_round.items():
                 stats = _pool(measured)

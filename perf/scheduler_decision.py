@@ -91,7 +91,7 @@ def measure_all(
 ) -> dict[str, dict[str, Any]]:
     """Every policy's replay in ``rounds`` alternating chunks with the garbage collector off
     (as timeit does), so a drift of the machine moves every policy alike; each row keeps its
-    chunks' mean cycle times (``round_cycle_mean_us``) for ratios paired by chunk."""
+    chunks' mean cycle times (``round_cycle_mean_us``: they differ with the load replayed)."""
     replays = {policy: Replay(policy, engines, live, seed) for policy in POLICIES}
     chunk_means: dict[str, list[float]] = {policy: [] for policy in POLICIES}
     chunk = max(1, events // rounds)

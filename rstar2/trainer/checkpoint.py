@@ -39,6 +39,7 @@ class Checkpointer:
     def __init__(self, run_dir: Path, keep_last: int) -> None:
         self.run_dir = run_dir
         self.keep_last = keep_last
+        self._warned: set[Path] = set()  # torn checkpoints already logged
 
     def has(self, step: int) -> bool:
         """Whether a whole checkpoint of ``step`` is on disk (its swapped-out copy included)."""
@@ -47,13 +48,14 @@ class Checkpointer:
 
     def whole(self) -> list[Path]:
         """Complete checkpoints that pass their manifest check, oldest first (torn ones are
-        logged and left out)."""
+        left out, and logged once each)."""
         out = []
         for folder in st.complete_checkpoints(self.run_dir):
             reason = durable.check(folder, sealed=st.read_sealed(folder))
             if reason is None:
                 out.append(folder)
-            else:
+            elif folder not in self._warned:
+                self._warned.add(folder)
                 log.warning("checkpoint %s is torn (%s); skipping it", folder, reason)
         return out
 

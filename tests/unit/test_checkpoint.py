@@ -71,11 +71,14 @@ def test_a_torn_newest_checkpoint_is_skipped_for_the_previous_one(model_dir, tmp
         fh.truncate(victim.stat().st_size // 2)
 
     fresh = _learner(model_dir)
+    resumed = Checkpointer(tmp_path, keep_last=3)
     with caplog.at_level(logging.WARNING):
-        state = Checkpointer(tmp_path, keep_last=3).restore(fresh)
+        state = resumed.restore(fresh)
+        assert not resumed.has(2) and resumed.has(1)  # asked again: no second warning
     assert state is not None and state.step == 1
     assert _same(_weights(fresh), saved[1])
     assert "step_000002 is torn" in caplog.text and victim.name in caplog.text
+    assert caplog.text.count("step_000002 is torn") == 1
 
 
 def test_when_every_checkpoint_is_torn_the_resume_refuses_to_start_over(model_dir, tmp_path):

@@ -19,7 +19,8 @@ set size of the trainer's process tree (trainer, engines, sandbox, reward host),
 5 s; growth is the longest-lived trainer's last minute against its second (the first is
 warm-up). The clock starts at the first logged step (after SFT and start-up). Prints a
 table, then one JSON line; writes ``soak.json`` to the output folder. Third-party output goes to
-``train-N.log`` files there.
+``train-N.log`` files there; a trainer that hangs is asked for its stacks first (SIGUSR2, see
+rstar2.trainer.dump: ``run/logs/stacks-*.txt``).
 """
 
 from __future__ import annotations
@@ -268,6 +269,7 @@ class Soak:
                 flush=True,
             )
             if not ok:
+                _dump_stacks(life.proc.pid)
                 failed = f"{kind} at {event['at_s']} s: no step logged after it"
                 break
         life.proc.send_signal(signal.SIGTERM)
@@ -275,6 +277,7 @@ class Soak:
             life.proc.wait(timeout=self.args.survive_s)
         except subprocess.TimeoutExpired:
             failed = failed or "the trainer did not stop on SIGTERM"
+            _dump_stacks(life.proc.pid)
         _kill_group(life.proc.pid)
         return self.report(time.monotonic() - began, failed)
 
@@ -326,6 +329,13 @@ class Soak:
             print(f"FAILED: {failed}")
         print(json.dumps({k: v for k, v in result.items() if k != "events"}))
         return result
+
+
+def _dump_stacks(pid: int) -> None:
+    """Ask a stuck trainer what it waits on (SIGUSR2: logs/stacks-*.txt in its run folder)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGUSR2)
+        time.sleep(2)
 
 
 def _kill_group(pid: int) -> None:

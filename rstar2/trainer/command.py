@@ -1,5 +1,6 @@
 """The ``rstar2 train`` command's body: a runtime for the config, a trainer in it, SIGTERM wired
-to the trainer's stop request for the whole run (also during SFT, which runs synchronously)."""
+to the trainer's stop request for the whole run (also during SFT, which runs synchronously),
+and SIGUSR2 to a dump of what it is waiting on (:mod:`rstar2.trainer.dump`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from rstar2.config import Config
 from rstar2.runtime import Runtime, placement_for
+from rstar2.trainer.dump import dump_stacks
 from rstar2.trainer.loop import Trainer
 
 
@@ -32,6 +34,8 @@ async def run_train(
         trainer.replay_rollouts_dir = replay_rollouts_dir
         # signal.signal, not loop.add_signal_handler: SFT runs synchronously in prepare()
         previous = signal.signal(signal.SIGTERM, lambda *_: trainer.stop_from_signal(loop))
+        stacks = run_dir / "logs"
+        previous_usr2 = signal.signal(signal.SIGUSR2, lambda *_: dump_stacks(stacks))
         try:
             try:
                 trainer.prepare(resume=resume)
@@ -41,5 +45,6 @@ async def run_train(
             return await trainer.run()
         finally:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGUSR2, previous_usr2)
             if trainer.sinks is not None:
                 trainer.sinks.close()

@@ -12,6 +12,26 @@ import faulthandler
 import io
 import time
 from pathlib import Path
+from typing import Any
+
+
+def await_chain(coro: Any, limit: int = 60) -> list[str]:
+    """``coro`` and what it awaits, outermost first, as ``qualname (file:line)``: the chain a
+    task is suspended in (a task's own stack shows only its outermost frame)."""
+    lines: list[str] = []
+    while coro is not None and len(lines) < limit:
+        code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
+        code = code or getattr(coro, "ag_code", None)
+        if code is None:  # a future's iterator, or something else awaitable: the end
+            lines.append(f"awaiting {coro!r}")
+            break
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        frame = frame or getattr(coro, "ag_frame", None)
+        line = frame.f_lineno if frame is not None else "?"
+        lines.append(f"{code.co_qualname} ({code.co_filename}:{line})")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        coro = coro or getattr(coro, "ag_await", None)
+    return lines
 
 
 def dump_stacks(folder: Path) -> Path:
@@ -26,8 +46,8 @@ def dump_stacks(folder: Path) -> Path:
     out = io.StringIO()
     out.write(f"{len(tasks)} asyncio task(s)\n")
     for task in sorted(tasks, key=lambda t: t.get_name()):
-        out.write(f"\n--- {task.get_name()}: {task.get_coro()!r}\n")
-        task.print_stack(limit=30, file=out)
+        out.write(f"\n--- {task.get_name()}\n")
+        out.writelines(f"  {line}\n" for line in await_chain(task.get_coro()))
     with path.open("w") as fh:
         fh.write(out.getvalue())
         fh.write("\n=== threads\n")

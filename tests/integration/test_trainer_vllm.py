@@ -197,13 +197,19 @@ def _train_into_step_2(config_file: Path, run_dir: Path, *args: str) -> subproce
 def test_sigterm_mid_step_checkpoints_exits_and_resumes_exactly(
     config_file: Path, full_run: Path
 ) -> None:
-    """SIGTERM while a step runs: the step in flight is undone (rollouts) or finished
-    (learning), a checkpoint is written, the run exits 143 leaving no process behind, and
-    --resume then gives the uninterrupted run's metrics."""
+    """SIGUSR2 while a step runs writes the trainer's task stacks and changes nothing; then
+    SIGTERM: the step in flight is undone (rollouts) or finished (learning), a checkpoint is
+    written, the run exits 143 leaving no process behind, and --resume then gives the
+    uninterrupted run's metrics."""
     run_dir = config_file.parent / "terminated"
     proc = _train_into_step_2(config_file, run_dir, "--quiet")
     try:
         assert proc.poll() is None, "the run ended before it could be stopped"
+        proc.send_signal(signal.SIGUSR2)  # what are you waiting on? (the run goes on)
+        deadline = time.monotonic() + 120
+        while not list((run_dir / "logs").glob("stacks-*.txt")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no stack dump"
+            time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=300)
     finally:
@@ -212,6 +218,8 @@ def test_sigterm_mid_step_checkpoints_exits_and_resumes_exactly(
             proc.wait()
     assert proc.returncode == 143, err[-3000:]
     assert "stopped at step" in out and "--resume" in out
+    (dump,) = (run_dir / "logs").glob("stacks-*.txt")
+    assert "Trainer._run" in dump.read_text() and "=== threads" in dump.read_text()
     _wait_until_group_is_gone(proc.pid)
     checkpoints = sorted((run_dir / "checkpoints").iterdir())
     assert checkpoints and (checkpoints[-1] / "trainer.json").is_file()

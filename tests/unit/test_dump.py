@@ -8,6 +8,10 @@ from rstar2.trainer.dump import dump_stacks
 
 
 async def _waits_forever(never: asyncio.Future[None]) -> None:
+    await _inner(never)
+
+
+async def _inner(never: asyncio.Future[None]) -> None:
     await never
 
 
@@ -21,8 +25,12 @@ async def test_the_dump_names_the_await_that_never_returns(tmp_path):
         stuck.cancel()
     text = path.read_text()
     assert path.parent == tmp_path / "logs" and path.name.startswith("stacks-")
-    assert "--- rollout-7" in text and "_waits_forever" in text and "await never" in text
+    assert "--- rollout-7" in text and "_waits_forever (" in text
     assert "=== threads" in text and "Current thread" in text
+    chain = text.split("--- rollout-7\n", 1)[1].splitlines()
+    assert chain[0].strip().startswith("_waits_forever (") and "test_dump.py:" in chain[0]
+    assert chain[1].strip().startswith("_inner (")  # the await inside, not only the task
+    assert "awaiting" in chain[2]
 
 
 def test_without_a_running_loop_it_dumps_the_threads(tmp_path):

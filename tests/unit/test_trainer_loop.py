@@ -213,10 +213,10 @@ async def test_resume_with_rollouts_ahead_repeats_the_run(
 class _StopsWhileAhead(Trainer):
     """Receives SIGTERM's stop request as step 2 starts learning, step 3's rollouts ahead."""
 
-    async def _learn(self, seqs: Any) -> dict[str, float]:
+    async def _learn(self, seqs: Any, step: int) -> dict[str, float]:
         if self.state.step == 1:
             self.request_stop()
-        return await super()._learn(seqs)
+        return await super()._learn(seqs, step)
 
 
 async def test_a_stop_while_rollouts_run_ahead_drops_them_and_resumes_exactly(

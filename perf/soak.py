@@ -54,7 +54,7 @@ class Incarnation:
 
     proc: subprocess.Popen[bytes]
     started_s: float
-    rss: list[tuple[float, float]] = field(default_factory=list)  # (time, MiB) after a step
+    pss: list[tuple[float, float]] = field(default_factory=list)  # (time, MiB) after a step
 
 
 def _config(out: Path, data: Path) -> Path:
@@ -183,7 +183,7 @@ class Soak:
             if _step_lines(self.run_dir) - before:
                 return True
             if time.monotonic() >= next_sample and _step_lines(self.run_dir):
-                life.rss.append((time.monotonic(), _pss_mib(life.proc.pid)))
+                life.pss.append((time.monotonic(), _pss_mib(life.proc.pid)))
                 next_sample = time.monotonic() + 5
             time.sleep(0.5)
         return bool(_step_lines(self.run_dir) - before)
@@ -191,7 +191,7 @@ class Soak:
     def idle(self, life: Incarnation, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end and life.proc.poll() is None:
-            life.rss.append((time.monotonic(), _pss_mib(life.proc.pid)))
+            life.pss.append((time.monotonic(), _pss_mib(life.proc.pid)))
             time.sleep(min(5.0, max(0.0, end - time.monotonic())))
 
     def inject(self, life: Incarnation, kind: str) -> Incarnation | None:
@@ -288,8 +288,8 @@ class Soak:
         )
         steps = sorted(json.loads(x)["step"] for x in _step_lines(self.run_dir))
         losses = count_losses(self.rollouts, steps, per_step)
-        longest = max(self.lives, key=lambda life: len(life.rss))
-        samples = [mib for _, mib in longest.rss]
+        longest = max(self.lives, key=lambda life: len(life.pss))
+        samples = [mib for _, mib in longest.pss]
         # a minute each at one sample per 5 s; the first minute (warm-up) is left out
         growth = None
         if len(samples) >= 36:
@@ -302,9 +302,9 @@ class Soak:
             "trainer_starts": len(self.lives),
             "steps_logged": len(steps),
             **losses,
-            "pss_peak_mib": round(max(mib for life in self.lives for _, mib in life.rss), 1),
+            "pss_peak_mib": round(max(mib for life in self.lives for _, mib in life.pss), 1),
             "pss_growth_mib": growth,  # None: no trainer lived 3 minutes
-            "pss_growth_over_min": round((longest.rss[-1][0] - longest.rss[0][0]) / 60 - 1, 1),
+            "pss_growth_over_min": round((longest.pss[-1][0] - longest.pss[0][0]) / 60 - 1, 1),
             "failed": failed,
             "events": self.events,
         }

@@ -8,7 +8,7 @@ ratios compare like with like on this machine. Prints a table, then one JSON lin
 workload, concurrency) p50_ms, p99_ms, throughput_per_s (and per round), failures, the latency
 at every 5th percentile (cdf_ms), and ours/baseline throughput ratios (median over rounds).
 
-    python -m perf.sandbox [--calls N] [--rounds 3] [--systems embedded,http,baseline]
+    python -m perf.sandbox [--calls N] [--rounds 5] [--systems embedded,http,baseline]
                            [--workloads print,sympy,...] [--concurrency 1,8,64]
 """
 
@@ -55,7 +55,7 @@ WORKLOADS = {
 }
 EXPECTED = {"print": "2\n", "sympy": "[2, 3]\n", "sympy_wrapped": "[2, 3]\n", "cpu_0.2s": "done\n"}
 CONCURRENCY = (1, 8, 64)
-ROUNDS = 3
+ROUNDS = 5
 Runner = Callable[[str], Awaitable[ExecResult]]
 
 
@@ -226,7 +226,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=400, help="calls per print cell")
+    parser.add_argument("--calls", type=int, default=650, help="calls per print cell")
     parser.add_argument("--systems", default="embedded,http,baseline")
     parser.add_argument(
         "--rounds", type=int, default=ROUNDS, help="alternating rounds per cell (calls split)"

@@ -73,18 +73,16 @@ def _scheduler_decision(r: dict[str, Any]) -> list[Figure]:
         Figure(f"scheduler.decision.{name}", p["decision_mean_us"], "us", "lower")
         for name, p in policies.items()
     ]
-    reference = policies["round_robin"]["cycle_mean_us"]
+    reference = policies["round_robin"]
     for name in ("kv_capacity", "kv_affinity"):
-        # chunks differ in what they replay (the load evolves): their ratios scatter with the
-        # load, not with noise, so the whole replays' means are compared (measured alternating)
-        out.append(
-            ratio(
-                f"scheduler.cycle.{name}_vs_round_robin",
-                policies[name]["cycle_mean_us"],
-                reference,
-                "lower",
-            )
-        )
+        figure = f"scheduler.cycle.{name}_vs_round_robin"
+        if "repeat_cycles_s" in policies[name]:
+            # repeat j of both policies replayed the same events back to back
+            rounds = policies[name]["repeat_cycles_s"], reference["repeat_cycles_s"]
+            out.append(paired_ratio(figure, *rounds, "lower"))
+        else:  # a results file from before the repeats: the whole replays' means
+            value = policies[name]["cycle_mean_us"]
+            out.append(ratio(figure, value, reference["cycle_mean_us"], "lower"))
     return out
 
 

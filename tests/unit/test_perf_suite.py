@@ -154,3 +154,25 @@ def test_torch_names_the_gpus_from_a_child_process():
 
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_scheduler_cycle_ratios_pair_the_repeats_of_each_policy():
+    """Repeat j of a policy is divided by repeat j of round robin (they replayed the same events
+    back to back); a results file from before the repeats falls back to the whole replays."""
+    (spec,) = [b for b in ALL if b.name == "scheduler_decision"]
+    policies = {
+        name: {"decision_mean_us": us, "cycle_mean_us": 10 * us, "repeat_cycles_s": cycles}
+        for name, us, cycles in [
+            ("round_robin", 1.0, [1.0, 2.0, 1.0]),
+            ("kv_capacity", 3.0, [3.0, 6.0, 3.3]),
+            ("kv_affinity", 5.0, [5.0, 10.0, 5.0]),
+        ]
+    }
+    figures = {f.name: f for f in spec.figures({"policies": policies})}
+    capacity = figures["scheduler.cycle.kv_capacity_vs_round_robin"]
+    assert capacity.value == 3.0 and capacity.spread == pytest.approx(0.1)
+    assert figures["scheduler.cycle.kv_affinity_vs_round_robin"].spread == 0.0
+    for p in policies.values():
+        del p["repeat_cycles_s"]
+    old = {f.name: f for f in spec.figures({"policies": policies})}
+    assert old["scheduler.cycle.kv_affinity_vs_round_robin"].value == 5.0

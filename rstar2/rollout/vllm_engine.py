@@ -17,18 +17,21 @@ is cheap. Nothing here changes the process's state for good: each engine has its
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from rstar2.config import RolloutConfig
 from rstar2.rollout.engine import EngineDown, FinishReason, Generation, KVStats, SamplingSettings
 
 WORKER_EXTENSION = "rstar2.rollout.vllm_worker_ext.WeightUpdateExtension"
+DEAD_POLL_S = 0.5  # how often an RPC in flight looks whether the engine core died
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,8 +190,8 @@ class VLLMEngine:
         except EngineDeadError as exc:
             raise EngineDown(f"the vLLM engine core died: {exc}".splitlines()[0]) from exc
         except BaseException:
-            with contextlib.suppress(EngineDeadError):
-                await self._llm.abort(request_id)
+            with contextlib.suppress(EngineDown):
+                await self._rpc("an abort", self._llm.abort(request_id))
             raise
         if final is None or not final.outputs:
             return Generation(token_ids=[], logprobs=[], finish_reason="error")
@@ -234,11 +237,14 @@ class VLLMEngine:
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
         with tempfile.NamedTemporaryFile(dir=folder, suffix=".safetensors") as staged:
             save_file(tensors, staged.name)
-            await self._llm.collective_rpc("load_weights_file", args=(staged.name,))
+            await self._rpc(
+                "a weight update",
+                self._llm.collective_rpc("load_weights_file", args=(staged.name,)),
+            )
 
     async def finish_weight_update(self) -> None:
         """Drop the prefix cache: its KV was computed by the old weights."""
-        await self._llm.reset_prefix_cache()
+        await self._rpc("a prefix-cache reset", self._llm.reset_prefix_cache())
 
     # ---- vLLM's native weight transfer (weight_transfer "nccl" / "ipc"; see rstar2.sync) ----
 
@@ -250,37 +256,62 @@ class VLLMEngine:
         """Join the transfer group ``init_info`` describes (blocks until the learner joins)."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+        request = WeightTransferInitRequest(init_info=init_info)
+        await self._rpc(
+            "the weight-transfer set-up", self._llm.init_weight_transfer_engine(request)
+        )
 
     async def start_weight_transfer(self) -> None:
-        await self._llm.start_weight_update()
+        await self._rpc("a weight update", self._llm.start_weight_update())
 
     async def receive_weights(self, update_info: dict[str, Any]) -> None:
         """Receive one version (meets the learner's sends inside the transfer engine)."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        await self._llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+        request = WeightTransferUpdateRequest(update_info=update_info)
+        await self._rpc("a weight update", self._llm.update_weights(request))
 
     async def finish_weight_transfer(self, version: str | None = None) -> None:
         """Every tensor is in: weights re-processed, outputs stamped ``version``, prefix cache
         dropped (its KV was computed by the old weights)."""
-        await self._llm.finish_weight_update(version)
-        await self._llm.reset_prefix_cache()
+        await self._rpc("a weight update", self._llm.finish_weight_update(version))
+        await self._rpc("a prefix-cache reset", self._llm.reset_prefix_cache())
 
     async def set_weight_version(self, version: str) -> None:
-        await self._llm.update_weight_version(version)
+        await self._rpc("a weight update", self._llm.update_weight_version(version))
 
     async def sleep(self, level: int) -> None:
         """Free GPU memory (1: KV cache, weights offloaded to CPU; 2: both freed)."""
-        await self._llm.sleep(level)
+        await self._rpc("sleep", self._llm.sleep(level))
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Re-allocate ``tags`` ("weights", "kv_cache"; None: all)."""
-        await self._llm.wake_up(tags)
+        await self._rpc("wake-up", self._llm.wake_up(tags))
 
     async def weight_checksum(self) -> str:
-        results = await self._llm.collective_rpc("weight_checksum")
+        results = await self._rpc("a checksum", self._llm.collective_rpc("weight_checksum"))
         return str(results[0])
+
+    async def _rpc(self, what: str, call: Awaitable[T]) -> T:
+        """Await one call into the engine core, or raise EngineDown within DEAD_POLL_S of the
+        core's death: vLLM's utility RPCs wait forever for the answer of a dead core (only
+        ``generate`` raises EngineDeadError), which would hang the weight sync."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        task = asyncio.ensure_future(call)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=DEAD_POLL_S)
+                if not task.done() and not self.alive():
+                    raise EngineDown(f"the vLLM engine core died during {what}")
+            return task.result()
+        except EngineDeadError as exc:
+            raise EngineDown(
+                f"the vLLM engine core died during {what}: {exc}".splitlines()[0]
+            ) from exc
+        finally:
+            if not task.done():
+                task.cancel()
 
     async def aclose(self) -> None:
         """Stop the engine now (idempotent). The AsyncLLM is released here, not at interpreter

@@ -92,7 +92,9 @@ class Services:
     async def sync_weights(self) -> tuple[SyncStats, list[int]]:
         """The weight sync, after restarting every engine the dispatcher took down (at most
         :data:`MAX_ENGINE_RESTARTS` tries per slot): a restarted engine gets the current weights
-        with the others and takes requests again. Returns the stats and the restarted slots."""
+        with the others and takes requests again. An engine that dies during the sync is taken
+        down (restarted before the next one); when none took the weights, the restarts and the
+        sync run again. Returns the stats and the restarted slots that took the weights."""
         from rstar2.rollout.dispatch import AllEnginesDown
         from rstar2.rollout.engine import EngineDown
 
@@ -101,11 +103,21 @@ class Services:
             if not scheduler.engines[i].down and not engine.alive():
                 dead = EngineDown("found dead before the weight sync")
                 self.dispatcher.engine_failed(i, dead, last_stops=False)
-        restarted = await self._restart_failed()
-        down = frozenset(i for i, e in enumerate(scheduler.engines) if e.down) - set(restarted)
-        if len(down) == len(self.engines):
-            raise AllEnginesDown(f"all {len(self.engines)} rollout engines are down")
-        stats = await self.weights.sync(skip=down)
+        restarted: list[int] = []
+        while True:
+            restarted += await self._restart_failed()
+            down = frozenset(i for i, e in enumerate(scheduler.engines) if e.down) - set(restarted)
+            if len(down) == len(self.engines):
+                raise AllEnginesDown(f"all {len(self.engines)} rollout engines are down")
+            stats = await self.weights.sync(skip=down)
+            for i in stats.failed:  # died during the sync: restarted before the next one
+                if i in restarted:
+                    restarted.remove(i)
+                else:
+                    dead = EngineDown("died during the weight sync")
+                    self.dispatcher.engine_failed(i, dead, last_stops=False)
+            if len(down | set(stats.failed)) < len(self.engines):
+                break  # the run goes on with those that took the weights
         for i in restarted:
             capacity = self.engines[i].kv_stats().capacity_tokens
             self.dispatcher.scheduler.engine_up(i, capacity or None)

@@ -40,6 +40,7 @@ class SyncStats:
     largest_bucket_bytes: int
     bucket_bytes: int  # the configured bound
     path: str  # "buckets", "group", "nccl", "ipc"
+    failed: tuple[int, ...] = ()  # engine slots that died during this sync (not loaded)
 
     @property
     def gb_per_s(self) -> float:
@@ -69,7 +70,9 @@ class WeightSync(Protocol):
 
     async def sync(self, skip: frozenset[int] = frozenset()) -> SyncStats:
         """Every engine but those in ``skip`` (failed ones) gets the learner's current weights
-        and is ready to generate. Paths that cannot skip one raise a RuntimeError saying so."""
+        and is ready to generate, but for those in the stats' ``failed`` (they died during the
+        sync; paths that cannot tell raise). Paths that cannot skip one raise a RuntimeError
+        saying so."""
         ...
 
     def replace_engine(self, index: int, engine: Any) -> None:

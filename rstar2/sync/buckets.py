@@ -13,12 +13,16 @@ object store). A Ray learner group into Ray engines goes around this process ins
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 from rstar2.learner.protocol import Learner
-from rstar2.rollout.engine import Engine
+from rstar2.rollout.engine import Engine, EngineDown
 from rstar2.sync import SyncStats, check_bucket_bytes
+
+log = logging.getLogger(__name__)
 
 
 class BucketSync:
@@ -34,8 +38,11 @@ class BucketSync:
     replaces_engines = True
 
     async def sync(self, skip: frozenset[int] = frozenset()) -> SyncStats:
-        live = [e for i, e in enumerate(self.engines) if i not in skip]
-        return await sync_weights(self.learner, live, self.bucket_bytes)
+        slots = [i for i in range(len(self.engines)) if i not in skip]
+        stats = await sync_weights(
+            self.learner, [self.engines[i] for i in slots], self.bucket_bytes
+        )
+        return replace(stats, failed=tuple(slots[i] for i in stats.failed))
 
     def replace_engine(self, index: int, engine: Engine) -> None:
         self.engines[index] = engine
@@ -45,20 +52,38 @@ class BucketSync:
 
 
 async def sync_weights(learner: Learner, engines: Sequence[Engine], bucket_bytes: int) -> SyncStats:
-    """Send ``learner.named_weights(bucket_bytes)`` to every engine, bucket by bucket."""
+    """Send ``learner.named_weights(bucket_bytes)`` to every engine, bucket by bucket. An engine
+    that raises EngineDown is dropped for the rest of the sync and named in the stats'
+    ``failed`` (indices into ``engines``); every other error propagates."""
     check_bucket_bytes(bucket_bytes)
     start = time.perf_counter()
     buckets = tensors = total = largest = 0
-    await asyncio.gather(*(engine.begin_weight_update() for engine in engines))
+    live = dict(enumerate(engines))
+    failed: list[int] = []
+
+    async def each(call: Callable[[Engine], Awaitable[None]]) -> None:
+        slots = list(live)
+        results = await asyncio.gather(*(call(live[i]) for i in slots), return_exceptions=True)
+        for i, result in zip(slots, results, strict=True):
+            if isinstance(result, EngineDown):
+                log.warning("rollout engine died during the weight sync: %s", result)
+                failed.append(i)
+                del live[i]
+            elif isinstance(result, BaseException):
+                raise result
+
+    await each(lambda engine: engine.begin_weight_update())
     for bucket in learner.named_weights(bucket_bytes):
         if not bucket:  # a rank other than 0: nothing to send
             continue
         size = sum(t.numel() * t.element_size() for _, t in bucket)
-        await asyncio.gather(*(engine.update_weights(bucket) for engine in engines))
+        await each(lambda engine, bucket=bucket: engine.update_weights(bucket))  # type: ignore[misc]
         buckets += 1
         tensors += len(bucket)
         total += size
         largest = max(largest, size)
-    await asyncio.gather(*(engine.finish_weight_update() for engine in engines))
+    await each(lambda engine: engine.finish_weight_update())
     seconds = time.perf_counter() - start
-    return SyncStats(buckets, tensors, total, seconds, largest, bucket_bytes, "buckets")
+    return SyncStats(
+        buckets, tensors, total, seconds, largest, bucket_bytes, "buckets", tuple(sorted(failed))
+    )

@@ -18,7 +18,10 @@ import psutil
 import pytest
 
 from rstar2.agent.loop import AgentSettings, Trajectory
+from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 from rstar2.rollout.dispatch import AllEnginesDown, Dispatcher, run_scheduled
+from rstar2.rollout.engine import EngineDown
+from rstar2.sync.buckets import sync_weights
 from scheduler.core import SchedulerSettings
 from tests.helpers.tool_model import SCRIPTS
 from tests.helpers.vllm_setup import engine_config
@@ -101,6 +104,16 @@ async def test_a_killed_engine_costs_no_token_and_the_rollout_completes(
             assert got.response_ids == want.response_ids  # nothing lost, nothing twice
             assert got.loss_mask == want.loss_mask
             assert got.response_text == want.response_text
+
+        # a weight sync into both: the dead engine is named within seconds, not waited for
+        # (vLLM's RPCs never answer for a dead core), and the survivor takes every bucket
+        learner = TorchLearner(TorchLearnerSettings(model_path=str(tool_model_dir)))
+        started = time.monotonic()
+        synced = await asyncio.wait_for(sync_weights(learner, [a, b], 256 * 1024), 120)
+        assert synced.failed == (1,) and synced.buckets > 1, synced
+        print(f"sync with a dead engine: {time.monotonic() - started:.2f} s")
+        with pytest.raises(EngineDown, match="died during a checksum"):
+            await asyncio.wait_for(b.weight_checksum(), 60)
 
         # the survivor serves alone; with it gone too, a clear error rather than a hang
         async with Dispatcher([a, b], settings) as dispatcher:

@@ -105,7 +105,7 @@ def measure_all(
     was_enabled = gc.isenabled()
     try:
         for _ in range(rounds):
-            best: dict[str, tuple[float, Replay, list[float]]] = {}
+            best: dict[Policy, tuple[float, Replay, list[float]]] = {}
             for j in range(repeats):
                 gc.collect()
                 gc.disable()

@@ -66,6 +66,17 @@ def _wait_for_step(cluster: SlurmCluster, step: str) -> None:
     pytest.fail(f"step {step} did not start within {STEP_TIMEOUT_S:.0f}s\n{cluster.diagnostics()}")
 
 
+def _wait_for_process(cluster: SlurmCluster, name: str) -> None:
+    """Poll /proc until a process named ``name`` runs in ``cluster``; fail with what runs."""
+    deadline = time.monotonic() + STEP_TIMEOUT_S
+    running = _cluster_processes(cluster.conf)
+    while not any(Path(c.split()[0]).name == name for c in running.values() if c):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {name} process within {STEP_TIMEOUT_S:.0f}s: {running}")
+        time.sleep(0.2)
+        running = _cluster_processes(cluster.conf)
+
+
 def test_all_nodes_idle_with_their_own_address(cluster: SlurmCluster) -> None:
     assert cluster.node_states() == dict.fromkeys(("gpu1", "gpu2", "cpu1"), "idle")
     assert cluster.partitions == {"gpu": ("gpu1", "gpu2"), "cpu": ("cpu1",)}
@@ -155,8 +166,8 @@ def test_exit_stops_every_daemon_even_when_the_body_raises(
             timeout=STEP_TIMEOUT_S,
         ).stdout.strip()
         _wait_for_step(second, f"{job}.0")
-        running = _cluster_processes(conf)
-        assert any(Path(c.split()[0]).name == "sleep" for c in running.values()), running
+        # squeue lists a step once slurmctld records it; its task may exec a moment later
+        _wait_for_process(second, "sleep")
         raise Boom
 
     still = {name: pid for name, pid in pids.items() if _alive(pid)}

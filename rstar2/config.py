@@ -374,6 +374,13 @@ class SchedulerConfig(_Section):
         "request; false keeps each turn one request, so a trajectory's tokens depend only on "
         "its seed (what exact resume and replay on CPU need).",
     )
+    engine_stall_timeout_s: float | None = Field(
+        300.0,
+        gt=0,
+        description="An engine with requests in flight that makes no progress (no engine step, "
+        "no request finished) this long is hung: it is taken down, its turns move to the other "
+        "engines and a replacement starts. null: never.",
+    )
 
 
 class StageConfig(_Section):

@@ -2,6 +2,8 @@
 real signals, nothing mocked of the part that fails.
 
 - :func:`kill_engine_core`: SIGKILL one vLLM engine-core process under a trainer or test;
+- :func:`frozen`: SIGSTOP a process (a hung engine core: alive, answering nothing), SIGKILLed
+  on exit;
 - :func:`kill_group`: SIGKILL a process group (a sandbox worker and its zygotes, a trainer's
   engines and hosts after it died);
 - :func:`start_redis`, :class:`RestartableRedis`: a redis-server, and one restarted on the
@@ -41,6 +43,18 @@ def kill_engine_core(root_pid: int, expect: int = 1, which: int = -1) -> int:
     assert len(cores) == expect, [p.name() for p in cores]
     cores[which].kill()
     return cores[which].pid
+
+
+@contextlib.contextmanager
+def frozen(pid: int) -> Iterator[int]:
+    """SIGSTOP ``pid`` for the block (a hung process: it exists, holds its sockets, does
+    nothing); SIGKILL on exit, so nothing stays stopped behind a test."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def kill_group(pid: int) -> None:

@@ -17,6 +17,12 @@ engine down in the scheduler and runs again, on another engine, from the traject
 tokens (the prompt and every finished segment; the failed request's tokens are dropped) with
 the same per-request seed, so a trajectory is token-exact and nothing is duplicated. With no
 engine left, :class:`AllEnginesDown` is raised. ``failures`` records each engine failure.
+
+A hung engine (alive, but making no progress: a stopped process, a wedged driver) is one too:
+with ``stall_timeout_s`` set, an engine with requests in flight whose progress marker (its
+engine steps, :attr:`KVStats.steps`, plus the requests it finished) has not moved for that long
+is marked down and its requests are abandoned (cancelled; EngineDown to their callers), so
+they move like a dead engine's.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,6 +42,7 @@ from rstar2.rollout.engine import Engine, EngineDown, Generation, KVStats, Sampl
 from scheduler.core import Assignment, Scheduler, SchedulerSettings
 
 _SEGMENT_SEED_STRIDE = 1_000_003  # continuation segments must not replay the first's randomness
+_ABANDON_WAIT_S = 5.0  # how long a hung engine's cancelled request may take to unwind
 log = logging.getLogger(__name__)
 
 
@@ -64,11 +71,15 @@ class Dispatcher:
         *,
         stats_interval_s: float = 0.05,
         tasks: asyncio.TaskGroup | None = None,
+        stall_timeout_s: float | None = None,
     ) -> None:
         """``tasks``: the task group that owns the stats poller (the runtime's, so a poller
-        that fails fails the run); None: a task of the running loop, awaited by close()."""
+        that fails fails the run); None: a task of the running loop, awaited by close().
+        ``stall_timeout_s``: an engine without progress that long is down (None: never)."""
         if not engines:
             raise ValueError("at least one engine is needed")
+        if stall_timeout_s is not None and stall_timeout_s <= 0:
+            raise ValueError(f"stall_timeout_s must be positive, not {stall_timeout_s}")
         self.engines = list(engines)
         capacities = [max(e.kv_stats().capacity_tokens, 1) for e in self.engines]
         self.scheduler = Scheduler(capacities, settings)
@@ -80,6 +91,12 @@ class Dispatcher:
         self._tasks = tasks
         self._closed = False
         self.failures: list[EngineFailure] = []
+        self.stall_timeout_s = stall_timeout_s
+        now = time.monotonic()
+        self._finished = [0] * len(self.engines)  # requests each engine answered
+        self._marks = [(-1, now)] * len(self.engines)  # (progress marker, since when)
+        self._stalled = [asyncio.Event() for _ in self.engines]
+        self.on_engine_down: Callable[[int], None] | None = None  # e.g. a background restart
 
     async def __aenter__(self) -> Dispatcher:
         self.start()
@@ -172,6 +189,8 @@ class Dispatcher:
             self.scheduler.engine_down(engine_id)
             self.failures.append(EngineFailure(engine_id, time.monotonic(), str(exc)))
             log.warning("rollout engine %d is down (%s); its requests move", engine_id, exc)
+            if self.on_engine_down is not None:
+                self.on_engine_down(engine_id)
         if self.scheduler.engines_up == 0 and last_stops:
             error = AllEnginesDown(
                 f"all {len(self.engines)} rollout engines are down; the last: {exc}"
@@ -181,10 +200,58 @@ class Dispatcher:
                     fut.set_exception(error)
             raise error from exc
 
+    def engine_up(self, engine_id: int, engine: Engine) -> None:
+        """``engine`` (started, with the current weights) serves slot ``engine_id`` again."""
+        self.engines[engine_id] = engine
+        self._stalled[engine_id] = asyncio.Event()
+        self._marks[engine_id] = (-1, time.monotonic())
+        capacity = engine.kv_stats().capacity_tokens
+        self.scheduler.engine_up(engine_id, capacity or None)
+        self._pump()
+
+    async def _generate_on(
+        self, engine_id: int, ids: Sequence[int], sampling: SamplingSettings
+    ) -> Generation:
+        """One request on one engine; EngineDown also when the engine is found hung meanwhile
+        (the request is cancelled and given up on after at most _ABANDON_WAIT_S)."""
+        stalled = self._stalled[engine_id]
+        call = asyncio.ensure_future(self.engines[engine_id].generate(ids, sampling))
+        watch = asyncio.ensure_future(stalled.wait())
+        try:
+            await asyncio.wait({call, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            call.cancel()
+            raise
+        finally:
+            watch.cancel()
+        if not call.done():
+            call.cancel()
+            await asyncio.wait({call}, timeout=_ABANDON_WAIT_S)
+            raise EngineDown(f"engine {engine_id} made no progress for {self.stall_timeout_s} s")
+        self._finished[engine_id] += 1
+        return call.result()
+
+    def _watch_progress(self, engine_id: int, stats: KVStats) -> None:
+        """Mark an engine down that has requests in flight and no progress in stall_timeout_s."""
+        state = self.scheduler.engines[engine_id]
+        if self.stall_timeout_s is None or state.down:
+            return
+        now = time.monotonic()
+        mark = stats.steps + self._finished[engine_id]
+        if mark != self._marks[engine_id][0] or state.in_flight == 0:
+            self._marks[engine_id] = (mark, now)
+            return
+        idle_s = now - self._marks[engine_id][1]
+        if idle_s > self.stall_timeout_s:
+            self._stalled[engine_id].set()
+            reason = f"no progress for {idle_s:.1f} s with {state.in_flight} request(s) in flight"
+            self.engine_failed(engine_id, EngineDown(reason), last_stops=False)
+
     def _refresh(self, engine_id: int) -> None:
         if self.scheduler.engines[engine_id].down:
             return
         stats = self.engines[engine_id].kv_stats()
+        self._watch_progress(engine_id, stats)
         self.scheduler.update_engine(
             engine_id,
             used_tokens=stats.used_tokens,
@@ -248,7 +315,7 @@ class ScheduledEngine:
             seed = None if sampling.seed is None else sampling.seed + _SEGMENT_SEED_STRIDE * segment
             piece_sampling = replace(sampling, max_tokens=cap, seed=seed)
             try:
-                piece = await self._d.engines[a.engine_id].generate(ids, piece_sampling)
+                piece = await self._d._generate_on(a.engine_id, ids, piece_sampling)
             except EngineDown as exc:
                 self.running = False
                 self.redispatched += 1

@@ -48,6 +48,7 @@ class KVStats:
     num_running: int
     num_waiting: int
     num_preemptions: int = 0
+    steps: int = 0  # engine steps so far, monotonic (a progress marker; 0: not counted)
 
 
 class Generator(Protocol):

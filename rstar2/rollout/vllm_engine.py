@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
+import time
 import uuid
 from collections.abc import Awaitable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from rstar2.rollout.engine import EngineDown, FinishReason, Generation, KVStats,
 
 WORKER_EXTENSION = "rstar2.rollout.vllm_worker_ext.WeightUpdateExtension"
 DEAD_POLL_S = 0.5  # how often an RPC in flight looks whether the engine core died
+# an engine core that answers no RPC this long is hung (weight loads of a 14B model take ~1 min)
+RPC_TIMEOUT_S = 600.0
 T = TypeVar("T")
 
 
@@ -60,6 +63,7 @@ class _EngineStats:
     def __init__(self) -> None:
         self.latest: Any = None
         self.preemptions = 0
+        self.steps = 0  # scheduler stats received: one per engine-core step that did work
 
 
 class _StatsTap:
@@ -71,6 +75,7 @@ class _StatsTap:
     def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kw: Any) -> None:
         if scheduler_stats is not None:
             self.stats.latest = scheduler_stats
+            self.stats.steps += 1
         if iteration_stats is not None:
             self.stats.preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
 
@@ -99,6 +104,7 @@ class VLLMEngine:
         on_cpu = str(llm.vllm_config.device_config.device_type) == "cpu"
         chunked = bool(llm.vllm_config.scheduler_config.enable_chunked_prefill)
         self.per_request_seed = not (on_cpu and chunked)
+        self.rpc_timeout_s = RPC_TIMEOUT_S
 
     @property
     def block_size(self) -> int:
@@ -152,14 +158,21 @@ class VLLMEngine:
         ) -> Any:  # vLLM's StatLoggerBase, duck-typed
             return _StatsTap(stats)
 
-        with _spawn_environment():
-            if config.weight_transfer == "ipc":  # IPC handles reach the engine core pickled
-                os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-            llm = AsyncLLM.from_engine_args(args, stat_loggers=[tap])
-        engine = cls(llm, config, stats)
+        built: list[Any] = []
+
+        def build() -> None:
+            with _spawn_environment():
+                if config.weight_transfer == "ipc":  # IPC handles reach the engine core pickled
+                    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+                built.append(AsyncLLM.from_engine_args(args, stat_loggers=[tap]))
+
+        # off the event loop: starting the engine core takes seconds to minutes, and the
+        # rollouts on the other engines (a restart during a step) must not wait for it; vLLM
+        # starts its output tasks on the loop at the engine's first call
+        await asyncio.to_thread(build)
+        engine = cls(built.pop(), config, stats)
         # vLLM keeps this frame alive; holding the AsyncLLM here would outlive shutdown() and
         # make its finaliser run at interpreter exit, against half-torn-down modules
-        del llm
         return engine
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingSettings) -> Generation:
@@ -219,6 +232,7 @@ class VLLMEngine:
             num_running=int(stats.num_running_reqs),
             num_waiting=int(stats.num_waiting_reqs),
             num_preemptions=int(self._stats.preemptions),
+            steps=self._stats.steps,
         )
 
     async def begin_weight_update(self) -> None:
@@ -257,8 +271,10 @@ class VLLMEngine:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         request = WeightTransferInitRequest(init_info=init_info)
-        await self._rpc(
-            "the weight-transfer set-up", self._llm.init_weight_transfer_engine(request)
+        await self._rpc(  # waits for the learner's side: no deadline of ours
+            "the weight-transfer set-up",
+            self._llm.init_weight_transfer_engine(request),
+            bounded=False,
         )
 
     async def start_weight_transfer(self) -> None:
@@ -292,18 +308,25 @@ class VLLMEngine:
         results = await self._rpc("a checksum", self._llm.collective_rpc("weight_checksum"))
         return str(results[0])
 
-    async def _rpc(self, what: str, call: Awaitable[T]) -> T:
+    async def _rpc(self, what: str, call: Awaitable[T], *, bounded: bool = True) -> T:
         """Await one call into the engine core, or raise EngineDown within DEAD_POLL_S of the
-        core's death: vLLM's utility RPCs wait forever for the answer of a dead core (only
-        ``generate`` raises EngineDeadError), which would hang the weight sync."""
+        core's death, or (``bounded``) when it has not answered in ``rpc_timeout_s``: vLLM's
+        utility RPCs wait forever for the answer of a dead or hung core (only ``generate``
+        raises EngineDeadError), which would hang the weight sync."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
+        limit_s = self.rpc_timeout_s
+        deadline = time.monotonic() + limit_s if bounded else None
         task = asyncio.ensure_future(call)
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=DEAD_POLL_S)
-                if not task.done() and not self.alive():
+                if task.done():
+                    break
+                if not self.alive():
                     raise EngineDown(f"the vLLM engine core died during {what}")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise EngineDown(f"the vLLM engine core did not answer {what} in {limit_s}s")
             return task.result()
         except EngineDeadError as exc:
             raise EngineDown(

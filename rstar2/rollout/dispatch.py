@@ -22,7 +22,8 @@ A hung engine (alive, but making no progress: a stopped process, a wedged driver
 with ``stall_timeout_s`` set, an engine with requests in flight whose progress marker (its
 engine steps, :attr:`KVStats.steps`, plus the requests it finished) has not moved for that long
 is marked down and its requests are abandoned (cancelled; EngineDown to their callers), so
-they move like a dead engine's.
+they move like a dead engine's. Engines that count no steps (``steps`` None: a served engine,
+where one long request is indistinguishable from a hung one) are not watched.
 """
 
 from __future__ import annotations
@@ -220,7 +221,9 @@ class Dispatcher:
         try:
             await asyncio.wait({call, watch}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
-            call.cancel()
+            call.cancel()  # and let it unwind (its abort reaches the engine) before going on
+            with contextlib.suppress(BaseException):
+                await asyncio.wait({call}, timeout=_ABANDON_WAIT_S)
             raise
         finally:
             watch.cancel()
@@ -234,7 +237,7 @@ class Dispatcher:
     def _watch_progress(self, engine_id: int, stats: KVStats) -> None:
         """Mark an engine down that has requests in flight and no progress in stall_timeout_s."""
         state = self.scheduler.engines[engine_id]
-        if self.stall_timeout_s is None or state.down:
+        if self.stall_timeout_s is None or state.down or stats.steps is None:
             return
         now = time.monotonic()
         mark = stats.steps + self._finished[engine_id]

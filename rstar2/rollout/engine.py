@@ -48,7 +48,9 @@ class KVStats:
     num_running: int
     num_waiting: int
     num_preemptions: int = 0
-    steps: int = 0  # engine steps so far, monotonic (a progress marker; 0: not counted)
+    # engine steps so far, monotonic: the dispatcher's progress marker for hung-engine detection
+    # (None: the engine does not count them, and is not watched)
+    steps: int | None = None
 
 
 class Generator(Protocol):

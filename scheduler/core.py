@@ -140,7 +140,10 @@ class Scheduler:
             max_response_tokens=max_response_tokens,
             context_tokens=prompt_tokens,
         )
-        need = self._smallest_reservation(traj)
+        # a trajectory's KV lives on one engine, so one that can outgrow every engine could
+        # never finish there (vLLM refuses a max_model_len its KV cannot hold, for the same
+        # reason); kv_affinity reserves less up front but must refuse it all the same
+        need = self._blocks(prompt_tokens + max_response_tokens)
         largest = max(e.capacity_tokens for e in self.engines)
         if self.settings.policy in ADMISSION_POLICIES and need > largest:
             raise SchedulerError(

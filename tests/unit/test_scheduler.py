@@ -107,10 +107,10 @@ def test_kv_affinity_without_split_turns_reserves_the_whole_budget() -> None:
     assert (again.max_tokens, again.reserved_tokens) == (500, 1100)
     # an engine too full for the whole budget makes the turn wait instead of a shorter segment
     tight = Scheduler(
-        [1_000], SchedulerSettings(policy="kv_affinity", min_segment_tokens=100, split_turns=False)
+        [2_000], SchedulerSettings(policy="kv_affinity", min_segment_tokens=100, split_turns=False)
     )
-    _submit(tight, 1, prompt=100, budget=1000)
-    assert tight.schedule() == []
+    _submit(tight, 2, prompt=100, budget=1000)
+    assert [a.traj_id for a in tight.schedule()] == ["t0"]  # 900 left: t1 waits for 1100
 
 
 def test_kv_affinity_segment_follows_observed_turns() -> None:
@@ -126,7 +126,7 @@ def test_kv_affinity_segment_follows_observed_turns() -> None:
 
 def test_kv_affinity_stays_home_and_moves_only_to_a_clearly_freer_engine() -> None:
     s = _sched("kv_affinity", [2000, 2000], initial_segment_tokens=400, move_free_fraction=0.25)
-    _submit(s, 1, prompt=100, budget=3000)
+    _submit(s, 1, prompt=100, budget=1900)
     (a,) = s.schedule()
     home, other = a.engine_id, 1 - a.engine_id
     s.generation_finished("t0", 400)  # context 500 stays held on its engine
@@ -201,6 +201,11 @@ def test_caller_errors_are_clear() -> None:
     s = _sched("kv_capacity", [1000])
     with pytest.raises(SchedulerError, match="needs 1100 KV tokens"):
         s.submit("huge", prompt_tokens=100, max_response_tokens=1000)
+    # kv_affinity reserves a segment at a time, but a trajectory must still fit one engine
+    with pytest.raises(SchedulerError, match="needs 1100 KV tokens"):
+        _sched("kv_affinity", [1000, 1000]).submit(
+            "huge", prompt_tokens=100, max_response_tokens=1000
+        )
     s.submit("a", prompt_tokens=10, max_response_tokens=100)
     with pytest.raises(SchedulerError, match="already submitted"):
         s.submit("a", prompt_tokens=10, max_response_tokens=100)

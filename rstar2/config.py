@@ -193,6 +193,12 @@ class HttpSandboxConfig(_SandboxSection):
 
     mode: Literal["http"] = Field(description="Tool calls go to a sandbox-pool server.")
     url: str = Field(description="sandbox-pool server URL, e.g. http://sandbox:8088.")
+    max_wait_s: float = Field(
+        600.0,
+        gt=0.0,
+        description="A call is retried (service unreachable, restarting, 429, 5xx) until this "
+        "long after it was sent; then the model sees an internal_error tool response.",
+    )
 
 
 class RedisSandboxConfig(_SandboxSection):

@@ -5,7 +5,8 @@
     sandbox-pool worker --redis URL [--workers N] [--name NAME]
 
 ``serve --redis URL --workers 0`` is an API-only node; with workers it also consumes the stream.
-SIGTERM / SIGINT stop gracefully: no new calls, in-flight ones finish.
+SIGTERM / SIGINT stop gracefully: calls not yet running are answered 503 (a client retries them),
+running ones finish, then the process exits 0.
 
 code-judge's environment variables are the defaults where set (flags win): ``MAX_EXECUTION_TIME``,
 ``MAX_MEMORY``, ``MAX_WORKERS``, ``REDIS_URI``, ``MAX_STDOUT_ERROR_LENGTH``,
@@ -171,12 +172,15 @@ async def _serve(args: argparse.Namespace) -> None:
         await dispatcher.start()
         if args.workers != 0:
             pool = SandboxPool(_pool_config(args))
-            await pool.start()
+            if not await _start(pool, stop):
+                await dispatcher.aclose()
+                return
             worker = RedisWorker(rcfg, pool)
         executor = dispatcher
     else:
         pool = SandboxPool(_pool_config(args))
-        await pool.start()
+        if not await _start(pool, stop):
+            return
         executor = pool
     worker_task = asyncio.create_task(worker.run()) if worker else None
     if worker is not None and dispatcher is not None:  # /status counts this node's workers
@@ -189,7 +193,16 @@ async def _serve(args: argparse.Namespace) -> None:
     await web.TCPSite(runner, args.host, args.port).start()
     print(f"sandbox-pool serving on http://{args.host}:{args.port}", flush=True)
     await stop.wait()
+    # calls not started are answered 503 (the client sends them again), running ones finish
+    server.drain()
+    if pool is not None and executor is pool:
+        pool.drain()
     await runner.cleanup()  # stops accepting, lets in-flight requests finish
+    print(
+        f"sandbox-pool stopped: {server.handed_back} requests not yet running answered 503",
+        file=sys.stderr,
+        flush=True,
+    )
     if worker is not None and worker_task is not None:
         worker.stop()
         await worker_task
@@ -203,7 +216,10 @@ async def _worker(args: argparse.Namespace) -> None:
     from sandbox_pool.redis_queue import RedisConfig, RedisWorker
 
     stop = _stop_event()
-    async with SandboxPool(_pool_config(args)) as pool:
+    pool = SandboxPool(_pool_config(args))
+    if not await _start(pool, stop):
+        return
+    async with pool:
         cfg = RedisConfig(url=args.redis, visibility_timeout_s=args.visibility_timeout)
         worker = RedisWorker(cfg, pool, name=args.name)
         task = asyncio.create_task(worker.run())
@@ -211,6 +227,19 @@ async def _worker(args: argparse.Namespace) -> None:
         await stop.wait()
         worker.stop()
         await task
+
+
+async def _start(pool: SandboxPool, stop: asyncio.Event) -> bool:
+    """Start ``pool``: True, or False where a stop came while it started (a SIGTERM to the
+    process group can reach a zygote before it can ignore it: nothing ran, so no error)."""
+    try:
+        await pool.start()
+    except IsolationUnavailable:
+        await pool.aclose()
+        if stop.is_set():
+            return False
+        raise
+    return True
 
 
 def _stop_event() -> asyncio.Event:

@@ -1,8 +1,10 @@
 """``SandboxClient(url)``: the remote twin of :class:`SandboxPool` (same ``run`` / ``run_batch``).
 
 - One pooled aiohttp session (keep-alive, ``max_connections``).
-- Retries with exponential backoff on 429 (honouring ``Retry-After``), 5xx and connection errors;
-  after ``max_retries`` a call is answered ``internal_error``: ``run`` never raises for the
+- Retries with exponential backoff (capped at 2 s) on 429 (honouring ``Retry-After``), 5xx and
+  connection errors until ``max_wait_s`` after the call was sent, so a service that restarts
+  (or a server killed with calls in flight, which run again on the new one) costs latency, not
+  a call; past it the call is answered ``internal_error``: ``run`` never raises for the
   service's trouble, only :class:`PoolClosed` for use after :meth:`close`.
 - Micro-batching: concurrent ``run`` calls issued within ``batch_window_s`` of each other are
   sent together to ``/v1/execute/batch`` (at most ``max_batch``); a lone call uses ``/v1/execute``.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +33,8 @@ class ClientConfig:
     # the server's bearer token; default: SANDBOX_POOL_TOKEN, as `sandbox-pool serve` reads it
     token: str | None = field(default_factory=lambda: os.environ.get("SANDBOX_POOL_TOKEN") or None)
     max_connections: int = 64
-    max_retries: int = 6
+    # a call the service has not answered this long after it was first sent is internal_error
+    max_wait_s: float = 600.0
     backoff_s: float = 0.05  # first retry delay; doubles each time, capped at 2 s
     batch_window_s: float = 0.001
     max_batch: int = 64
@@ -121,7 +125,8 @@ class SandboxClient(SandboxAPI):
         """POST with retries: ``(json, None)``, or ``(None, "status: reason")`` on failure."""
         delay = self.config.backoff_s
         error = "internal_error: sandbox service unavailable"
-        for attempt in range(self.config.max_retries + 1):
+        give_up = time.monotonic() + self.config.max_wait_s
+        while True:
             wait = delay
             try:
                 async with self._ensure_session().post(f"{self.url}{path}", json=body) as resp:
@@ -134,10 +139,11 @@ class SandboxClient(SandboxAPI):
                         wait = max(wait, float(resp.headers.get("Retry-After", 0)))
             except (TimeoutError, aiohttp.ClientConnectionError) as exc:
                 error = f"internal_error: sandbox service unreachable ({type(exc).__name__})"
-            if attempt < self.config.max_retries:
-                await asyncio.sleep(wait)
-                delay = min(delay * 2, 2.0)
-        return None, error
+            left = give_up - time.monotonic()
+            if left <= 0:
+                return None, error
+            await asyncio.sleep(min(wait, left))
+            delay = min(delay * 2, 2.0)
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None:

@@ -13,7 +13,9 @@ Isolation fails closed: :meth:`SandboxPool.start` raises
 unless ``allow_weak_isolation`` is set.
 
 Lifecycle: ``start()`` (or ``async with``) launches the zygotes; ``close()`` lets in-flight calls
-finish, then stops them; a call on a closed pool raises :class:`PoolClosed`. At most
+finish, then stops them; a call on a closed pool raises :class:`PoolClosed`. ``drain()`` (a
+server's SIGTERM) hands back what has not started: waiting and new calls raise
+:class:`PoolDraining` at once, running ones finish. At most
 ``num_workers`` calls execute at once; up to ``max_queued`` more wait; past that
 :class:`PoolBusy` (the HTTP server answers 429). A zygote that dies is restarted by the next
 call; every call is answered with a result, ``internal_error`` at worst.
@@ -66,6 +68,11 @@ class PoolBusy(RuntimeError):
     """The wait queue is full; retry later."""
 
 
+class PoolDraining(PoolClosed):
+    """The pool is draining (:meth:`SandboxPool.drain`): this call did not run; send it to
+    another (or the restarted) service."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class PoolConfig:
     num_workers: int = 0  # calls executing at once; 0: one per CPU core
@@ -95,6 +102,7 @@ class SandboxPool(SandboxAPI):
             "heavy": ZygoteHandle(self._zygote_config(self.config.heavy)),
         }
         self._slots = asyncio.Semaphore(self.num_workers)
+        self._draining = asyncio.Event()
         self._waiting = 0
         self._running = 0
         self._closed = False
@@ -129,6 +137,11 @@ class SandboxPool(SandboxAPI):
             zygote.stop()
         for zygote in self._zygotes.values():
             await zygote.wait_stopped()
+
+    def drain(self) -> None:
+        """Hand back every call that has not started (it raises :class:`PoolDraining`, now or
+        when it would wait) and let running ones finish; :meth:`aclose` then stops quickly."""
+        self._draining.set()
 
     @property
     def closed(self) -> bool:
@@ -169,7 +182,7 @@ class SandboxPool(SandboxAPI):
             raise PoolBusy(f"{self._waiting} calls already waiting")
         self._waiting += 1
         try:
-            await self._slots.acquire()
+            await self._acquire_slot()
         finally:
             self._waiting -= 1
         self._running += 1
@@ -194,6 +207,28 @@ class SandboxPool(SandboxAPI):
             self.completed += 1
             self._running -= 1
             self._slots.release()
+
+    async def _acquire_slot(self) -> None:
+        """One of the ``num_workers`` slots, or :class:`PoolDraining` when the pool drains
+        first (a slot won in the same instant is given back)."""
+        if self._draining.is_set():
+            raise PoolDraining("the sandbox pool is draining")
+        if not self._slots.locked():
+            await self._slots.acquire()  # free: no wait, no tasks (the common case)
+            return
+        acquired = asyncio.ensure_future(self._slots.acquire())
+        drained = asyncio.ensure_future(self._draining.wait())
+        try:
+            await asyncio.wait({acquired, drained}, return_when=asyncio.FIRST_COMPLETED)
+            if self._draining.is_set():
+                raise PoolDraining("the sandbox pool is draining")
+        except BaseException:  # draining, or the caller cancelled: hold no slot
+            if acquired.done() and not acquired.cancelled():
+                self._slots.release()
+            acquired.cancel()
+            raise
+        finally:
+            drained.cancel()
 
     def _limits_for(self, request: ExecRequest) -> Limits:
         caps = self.config.limits

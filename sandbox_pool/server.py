@@ -9,6 +9,11 @@ with a one-line reason: 400 on /v1, 422 with FastAPI's ``detail`` list on code-j
 endpoints (see :mod:`sandbox_pool.codejudge`). ``/healthz`` and ``/ping`` never wait for the
 executor. ``/status`` has code-judge's two fields only; ``/v1/status`` has ours. With a token
 configured, every other endpoint needs ``Authorization: Bearer <token>``.
+
+Draining (:meth:`SandboxServer.drain`, on SIGTERM): calls that have not started are handed back
+as 503 with ``Retry-After`` (new ones, and those the executor hands back: a batch with one is
+answered 503 whole, so the client sends it again, to the restarted service), running ones
+finish, and ``/healthz`` answers 503; so a stop takes as long as the longest running call.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sandbox_pool import codejudge as cj
+from sandbox_pool.pool import PoolDraining
 from sandbox_pool.protocol import STATUSES, ExecRequest, ExecResult, ProtocolError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -82,6 +88,8 @@ class SandboxServer:
         self.config = config or ServerConfig()
         self.metrics = _Metrics()
         self.pending = 0
+        self.draining = False
+        self.handed_back = 0  # requests answered 503 while draining
         self._room: deque[asyncio.Future[bool]] = deque()  # code-judge calls waiting for room
         for status in STATUSES:
             self.metrics.calls.labels(status=status)
@@ -89,7 +97,7 @@ class SandboxServer:
     def build_app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.config.max_body_mb * 1024 * 1024,
-            middlewares=[self._auth_middleware, _errors_middleware],
+            middlewares=[self._auth_middleware, _errors_middleware, self._drain_middleware],
         )
         app.router.add_post("/v1/execute", self._execute)
         app.router.add_post("/v1/execute/batch", self._execute_batch)
@@ -103,6 +111,11 @@ class SandboxServer:
         app.router.add_get("/ping", self._ping)
         app.router.add_get("/status", self._status)
         return app
+
+    def drain(self) -> None:
+        """Take no more calls (see the module docstring); the executor is drained by its
+        owner."""
+        self.draining = True
 
     # ---- admission ----
 
@@ -149,6 +162,8 @@ class SandboxServer:
         start = time.perf_counter()
         try:
             result = await self.executor.execute(request)
+        except PoolDraining:  # it did not run: the whole request is answered 503
+            raise
         except Exception as exc:  # an executor failure is still an answer
             result = ExecResult(status="internal_error", stderr=f"{type(exc).__name__}: {exc}")
         finally:
@@ -200,6 +215,14 @@ class SandboxServer:
         except ProtocolError as exc:
             raise _bad_request(str(exc)) from None
 
+    def _unavailable(self) -> web.Response:
+        self.handed_back += 1
+        return web.json_response(
+            {"error": "the sandbox service is stopping; retry"},
+            status=503,
+            headers={"Retry-After": str(self.config.retry_after_s)},
+        )
+
     def _too_busy(self) -> web.Response:
         return web.json_response(
             {"error": "too many pending calls; retry later"},
@@ -210,6 +233,8 @@ class SandboxServer:
     # ---- health and metrics ----
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        if self.draining:
+            return web.json_response({"status": "draining", "pending": self.pending}, status=503)
         return web.json_response({"status": "ok", "pending": self.pending})
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -274,6 +299,15 @@ class SandboxServer:
             return cj.failed_result(sub_id, "queue_timeout", time.perf_counter() - start)
         result = await self._run(cj.to_request(sub, self.config.codejudge))
         return cj.submission_result(sub, sub_id, result, self.config.codejudge)
+
+    @web.middleware
+    async def _drain_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self.draining and request.method == "POST":
+            return self._unavailable()
+        try:
+            return await handler(request)
+        except PoolDraining:
+            return self._unavailable()
 
     # ---- auth ----
 

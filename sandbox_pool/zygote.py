@@ -357,6 +357,16 @@ def _preload(modules: tuple[str, ...]) -> None:
             importlib.import_module(name)
 
 
+def _on_sigterm(zygote: int, parent: int) -> None:
+    """The zygote exits when the pool's process is gone (the parent-death signal). A SIGTERM
+    to the whole process group (systemd, Slurm, ``kill -TERM -PGID``) while the pool lives is
+    left to the pool: it stops this zygote (``shutdown`` over the socket) once its running
+    calls have finished, which exiting now would kill. A child still being prepared (forked,
+    not yet in its own session) ignores it likewise: the zygote owns it."""
+    if os.getpid() == zygote and os.getppid() != parent:
+        sys.exit(0)
+
+
 def main() -> None:
     cfg = ZygoteConfig.from_json(sys.argv[1])
     sock = socket.socket(fileno=int(sys.argv[2]))
@@ -366,8 +376,9 @@ def main() -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)
+    own_pid, parent = os.getpid(), os.getppid()
     isolation.set_parent_death_signal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: _on_sigterm(own_pid, parent))
     _preload(cfg.preload)
     # Forking and preparing children is background work: it yields the CPU to running calls.
     # The pool raises a child to normal priority when it hands it a call.

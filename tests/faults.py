@@ -8,6 +8,10 @@ real signals, nothing mocked of the part that fails.
   engines and hosts after it died);
 - :func:`start_redis`, :class:`RestartableRedis`: a redis-server, and one restarted on the
   same port and data dir;
+- :class:`RestartableSandboxServer`: ``sandbox-pool serve``, crashed (SIGKILL), stopped
+  (SIGTERM) and started again on the same port;
+- :func:`wait_answered`: wait until a share of concurrent calls has been answered (to place a
+  fault mid-load);
 - :func:`train_until_failpoint`: ``rstar2 train`` SIGKILLed by itself at a named point
   (:mod:`rstar2.failpoints`: during rollout, during the learner step, mid checkpoint write);
 - :func:`small_tmpfs`: a real tmpfs of a few MiB, to fill a disk.
@@ -15,6 +19,7 @@ real signals, nothing mocked of the part that fails.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -23,8 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,6 +135,72 @@ class RestartableRedis:
     def stop(self) -> None:
         self.proc.terminate()  # SIGTERM: redis-server shuts down cleanly, AOF flushed
         self.proc.wait(timeout=30)
+
+
+class RestartableSandboxServer:
+    """``sandbox-pool serve`` on 127.0.0.1 in its own session (its zygotes in its process
+    group), restartable on the same port; its stderr goes to ``log_dir``."""
+
+    def __init__(self, log_dir: Path, workers: int = 2) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log_dir = log_dir
+        self._workers = workers
+        self.starts = 0
+        self.proc = self.start()
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """A new server, once its /healthz answers (60 s at most: a loaded machine)."""
+        self.starts += 1
+        log = open(self._log_dir / f"serve-{self.starts}.log", "wb")  # noqa: SIM115 (the child's)
+        cmd = [sys.executable, "-m", "sandbox_pool.cli", "serve", "--port", str(self.port)]
+        cmd += ["--workers", str(self._workers)]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + 60
+        while not self._healthy():
+            assert self.proc.poll() is None, f"serve exited {self.proc.returncode}"
+            assert time.monotonic() < deadline, "serve did not answer /healthz in 60 s"
+            time.sleep(0.05)
+        return self.proc
+
+    def _healthy(self) -> bool:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as answer:
+                return bool(answer.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def crash(self) -> None:
+        """SIGKILL the server's process group (the server and its zygotes)."""
+        kill_group(self.proc.pid)
+        self.proc.wait()
+
+    def terminate(self, group: bool = True, timeout_s: float = 120) -> tuple[float, int]:
+        """SIGTERM the server's process group (``group``: as systemd, Slurm or ``docker
+        stop`` of a shell-less container would) or the server alone; returns (seconds to
+        exit, exit code). ``timeout_s`` catches a hang, not a slow stop."""
+        start = time.monotonic()
+        if group:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        else:
+            self.proc.terminate()
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        finally:
+            kill_group(self.proc.pid)  # what a hung stop left
+        return time.monotonic() - start, code
+
+
+async def wait_answered(calls: Sequence[asyncio.Future[Any]], fraction: float) -> None:
+    """Until ``fraction`` of the calls are answered (or 60 s pass: then the fault runs anyway,
+    later in the load than planned, which a loaded machine may need)."""
+    deadline = time.monotonic() + 60
+    while sum(c.done() for c in calls) < fraction * len(calls) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
 
 
 @contextlib.contextmanager

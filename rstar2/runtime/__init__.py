@@ -314,9 +314,9 @@ class Runtime:
         self, section: SandboxConfig, refusal: tuple[str, str]
     ) -> ClosableSandbox:
         if isinstance(section, HttpSandboxConfig):
-            from sandbox_pool.client import SandboxClient
+            from sandbox_pool.client import ClientConfig, SandboxClient
 
-            client = SandboxClient(section.url)
+            client = SandboxClient(section.url, ClientConfig(max_wait_s=section.max_wait_s))
             await _reachable(client, client.health(), "sandbox.url", section.url)
             return client
         if isinstance(section, RedisSandboxConfig):

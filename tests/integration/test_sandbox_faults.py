@@ -2,8 +2,10 @@
 
 Real processes and real signals: a redis-server with an append-only file (fsync per write), 3
 sandbox workers, ``N`` calls in flight; meanwhile a worker is SIGKILLed 5 times (its process
-group: the worker and its zygotes; an operator starts a replacement under a new name) and
-redis-server is restarted once (SIGTERM, then started again on the same port and data dir).
+group: the worker and its zygotes; an operator starts a replacement under a new name), stopped
+twice with SIGTERM to its process group (as systemd or Slurm stop it: it finishes the calls it
+holds and exits 0, its zygotes waiting for it) and redis-server is restarted once (SIGTERM,
+then started again on the same port and data dir).
 Every call must yield exactly one result, the right one; an ``internal_error`` result (the
 deadline passed) is counted and must not happen under these generous deadlines.
 
@@ -22,9 +24,9 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from sandbox_pool.protocol import ExecRequest, ExecResult
+from sandbox_pool.protocol import ExecRequest
 from sandbox_pool.redis_queue import PREFIX, RedisConfig, RedisDispatcher
-from tests.faults import RestartableRedis, kill_group
+from tests.faults import RestartableRedis, kill_group, wait_answered
 from tests.integration.test_sandbox_redis import (
     _start_worker,
     _wait_for_workers,
@@ -40,21 +42,39 @@ KILLS = 5
 # only gets internal_error past this
 DEADLINE_S = 30.0 + N / 40
 # fraction of the calls answered before each fault: "kill" a worker or "restart" Redis
+# fraction of the calls answered before each fault: "kill" a worker, "term" (stop) one, or
+# "restart" Redis
 SCHEDULE: Sequence[tuple[float, str]] = (
     (0.10, "kill"),
+    (0.20, "term"),
     (0.25, "kill"),
     (0.40, "kill"),
     (0.50, "restart"),
     (0.65, "kill"),
+    (0.75, "term"),
     (0.80, "kill"),
 )
 
 
-async def _wait_answered(calls: list[asyncio.Task[ExecResult]], fraction: float) -> None:
-    """Until ``fraction`` of the calls are answered (or 30 s pass: then the fault runs anyway)."""
-    deadline = time.monotonic() + 30
-    while sum(c.done() for c in calls) < fraction * len(calls) and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+async def _wait_registered(url: str, name: str) -> None:
+    """Until worker ``name``'s heartbeat is in Redis (60 s at most: a loaded machine)."""
+    async with aioredis.from_url(url) as client:
+        deadline = time.monotonic() + 60
+        while not await client.exists(PREFIX + "worker:" + name):
+            assert time.monotonic() < deadline, f"worker {name} did not register"
+            await asyncio.sleep(0.05)
+
+
+def _terminate(proc: subprocess.Popen[bytes]) -> tuple[float, int]:
+    """SIGTERM ``proc``'s process group; (seconds until it exited, its exit code). 120 s
+    catches a hang, not a slow stop on a loaded machine."""
+    start = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        kill_group(proc.pid)
+    return time.monotonic() - start, code
 
 
 async def test_each_call_yields_exactly_one_result_through_worker_kills_and_a_redis_restart(
@@ -73,15 +93,21 @@ async def test_each_call_yields_exactly_one_result_through_worker_kills_and_a_re
             for i in range(N)
         ]
         kills = 0
+        stops: list[tuple[float, int]] = []  # (seconds to exit, exit code)
         for fraction, kind in SCHEDULE:
-            await _wait_answered(calls, fraction)
+            await wait_answered(calls, fraction)
             if kind == "restart":
                 redis.restart()
                 continue
-            victim = sorted(workers)[kills % WORKERS]
-            kill_group(workers.pop(victim).pid)
-            kills += 1
-            name = f"r{kills}"  # the operator's replacement, a new consumer
+            name = sorted(workers)[(kills + len(stops)) % WORKERS]
+            victim = workers.pop(name)
+            if kind == "kill":
+                kill_group(victim.pid)
+                kills += 1
+            else:  # an operator stops a worker that is serving (not one still starting)
+                await _wait_registered(redis.url, name)
+                stops.append(await asyncio.to_thread(_terminate, victim))
+            name = f"r{kills + len(stops)}"  # the operator's replacement, a new consumer
             workers[name] = _start_worker(redis.url, name)
         results = await asyncio.gather(*calls)  # never raises: faults are results at worst
         wall_s = time.monotonic() - started
@@ -98,10 +124,11 @@ async def test_each_call_yields_exactly_one_result_through_worker_kills_and_a_re
             f"\nfaults: N={N} results={len(results)} unique={unique} "
             f"duplicates={dispatcher.duplicate_results} lost={lost} "
             f"internal_errors={len(internal_errors)} wrong={len(wrong)} "
-            f"reconnects={dispatcher.reconnects} wall={wall_s:.1f}s"
+            f"reconnects={dispatcher.reconnects} stops (s, code)={stops} wall={wall_s:.1f}s"
         )
         assert len(results) == N
         assert kills == KILLS
+        assert [code for _, code in stops] == [0, 0], stops
         assert not wrong, [(i, results[i]) for i in wrong[:5]]
         assert not internal_errors, [(i, results[i]) for i in internal_errors[:5]]
         assert unique == N  # each call's result was delivered to its caller exactly once

@@ -137,7 +137,7 @@ async def test_client_sends_every_request_field(service):
 
 
 async def test_client_reports_an_unreachable_service():
-    async with SandboxClient("http://127.0.0.1:9", ClientConfig(max_retries=1)) as client:
+    async with SandboxClient("http://127.0.0.1:9", ClientConfig(max_wait_s=0.2)) as client:
         result = await client.run("print(1)")
     assert result.status == "internal_error" and "unreachable" in result.stderr
 

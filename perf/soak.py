@@ -9,7 +9,8 @@ fault at random every ~``--fault-every-s`` seconds with real signals (tests/faul
 - ``engine``: SIGKILL one engine-core process (its turns move, the engine restarts at the sync);
 - ``sandbox``: SIGKILL the sandbox's zygote or one of its children (the pool replaces it);
 - ``trainer_kill``: SIGKILL the trainer's process group, then ``rstar2 train --resume``;
-- ``trainer_term``: SIGTERM the trainer (checkpoint, exit 143), then ``--resume``.
+- ``trainer_term``: SIGTERM the trainer, or its whole process group (as Slurm and systemd
+  stop it), at random (checkpoint, exit 143), then ``--resume``.
 
 A fault is survived when the run logs a new step within ``--survive-s`` of it; the next fault
 waits for that. At the end the run is stopped with SIGTERM and the saved rollouts are read: every
@@ -157,6 +158,7 @@ class Soak:
         self.injected: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.survived: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.events: list[dict[str, Any]] = []
+        self.stops: list[dict[str, Any]] = []  # every SIGTERM: see stop()
         self.lives: list[Incarnation] = []
 
     def start(self, resume: bool) -> Incarnation:
@@ -208,13 +210,29 @@ class Soak:
             os.killpg(pid, signal.SIGKILL)
             life.proc.wait()
         else:
-            life.proc.send_signal(signal.SIGTERM)
-            try:
-                life.proc.wait(timeout=self.args.survive_s)
-            finally:
-                _kill_group(pid)
+            self.stops.append(self.stop(life))
         _kill_group(pid)  # what a killed trainer left behind, as an operator's cleanup would
         return self.start(resume=True)
+
+    def stop(self, life: Incarnation) -> dict[str, Any]:
+        """SIGTERM the trainer, alone (``kill``, the launcher) or with its process group
+        (Slurm's scancel, systemd: engine cores, zygotes and the reward host too), at random;
+        how it ended: a clean stop exits 143 (checkpoint written)."""
+        group = self.rng.random() < 0.5
+        start = time.monotonic()
+        if group:
+            os.killpg(life.proc.pid, signal.SIGTERM)
+        else:
+            life.proc.send_signal(signal.SIGTERM)
+        try:
+            code: int | None = life.proc.wait(timeout=self.args.survive_s)
+        except subprocess.TimeoutExpired:
+            code = None
+            _dump_stacks(life.proc.pid)
+        finally:
+            _kill_group(life.proc.pid)
+        seconds = round(time.monotonic() - start, 1)
+        return {"group": group, "exit_code": code, "seconds": seconds}
 
     def run(self) -> dict[str, Any]:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -255,6 +273,8 @@ class Soak:
             life = going_on
             self.injected[kind] += 1
             ok = self.wait_for_step(life, before, self.args.survive_s)
+            if kind == "trainer_term":  # and the stop itself was clean
+                ok = ok and self.stops[-1]["exit_code"] == 143
             self.survived[kind] += ok
             event = {
                 "at_s": round(at - began, 1),
@@ -272,14 +292,12 @@ class Soak:
                 _dump_stacks(life.proc.pid)
                 failed = f"{kind} at {event['at_s']} s: no step logged after it"
                 break
-        life.proc.send_signal(signal.SIGTERM)
-        try:
-            life.proc.wait(timeout=self.args.survive_s)
-        except subprocess.TimeoutExpired:
-            failed = failed or "the trainer did not stop on SIGTERM"
-            _dump_stacks(life.proc.pid)
-        _kill_group(life.proc.pid)
-        return self.report(time.monotonic() - began, failed)
+        wall_s = time.monotonic() - began
+        last = self.stop(life)
+        self.stops.append(last)
+        if last["exit_code"] != 143:
+            failed = failed or f"the last SIGTERM did not stop the trainer cleanly: {last}"
+        return self.report(wall_s, failed)
 
     def report(self, wall_s: float, failed: str | None) -> dict[str, Any]:
         cfg = yaml.safe_load(self.config.read_text())
@@ -305,6 +323,8 @@ class Soak:
             "pss_peak_mib": round(max(mib for life in self.lives for _, mib in life.pss), 1),
             "pss_growth_mib": growth,  # None: no trainer lived 3 minutes
             "pss_growth_over_min": round((longest.pss[-1][0] - longest.pss[0][0]) / 60 - 1, 1),
+            # every SIGTERM: to the trainer alone or its group, exit code, seconds to exit
+            "sigterm_stops": self.stops,
             "failed": failed,
             "events": self.events,
         }
@@ -325,6 +345,10 @@ class Soak:
             "pss_growth_over_min",
         ):
             print(f"{key:<{width}}{result[key]!s:>8}")
+        for stop in self.stops:
+            who = "process group" if stop["group"] else "trainer"
+            ended = f"exit {stop['exit_code']} in {stop['seconds']} s"
+            print(f"{'SIGTERM to the ' + who:<{width}}{ended}")
         if failed:
             print(f"FAILED: {failed}")
         print(json.dumps({k: v for k, v in result.items() if k != "events"}))

@@ -20,6 +20,8 @@ from typing import Any
 from rstar2.rollout.engine import EngineDown, Generation, KVStats, SamplingSettings
 from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
 
+CLOSE_TIMEOUT_S = 60.0  # an engine actor's own shutdown; past it the actor is killed
+
 
 class EngineActor:
     """The actor body (wrapped with ``ray.remote`` by :meth:`RayEngine.create`)."""
@@ -116,6 +118,11 @@ class RayEngine:
     def block_size(self) -> int:
         return self._block_size
 
+    def _live(self) -> Any:
+        if self._actor is None:
+            raise EngineDown("the engine actor was closed")
+        return self._actor
+
     @property
     def actor(self) -> Any:
         """The :class:`EngineActor` handle (what a learner group sends weights to)."""
@@ -165,7 +172,7 @@ class RayEngine:
         import ray.exceptions
 
         try:
-            result: Generation = await self._actor.generate.remote(list(prompt_ids), sampling)
+            result: Generation = await self._live().generate.remote(list(prompt_ids), sampling)
         except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
             raise EngineDown(f"the engine actor is gone: {exc}".splitlines()[0]) from exc
         return result
@@ -178,13 +185,13 @@ class RayEngine:
         return self._alive
 
     async def begin_weight_update(self) -> None:
-        await self._actor.begin_weight_update.remote()
+        await self._live().begin_weight_update.remote()
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        await self._actor.update_weights.remote(list(named_tensors))
+        await self._live().update_weights.remote(list(named_tensors))
 
     async def finish_weight_update(self) -> None:
-        await self._actor.finish_bucket_update.remote()
+        await self._live().finish_bucket_update.remote()
 
     # ---- vLLM's native weight transfer (rstar2.sync.vllm_native) ----
 
@@ -195,30 +202,30 @@ class RayEngine:
     async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        await self._actor.init_weight_transfer_engine.remote(WeightTransferInitRequest(init_info))
+        await self._live().init_weight_transfer_engine.remote(WeightTransferInitRequest(init_info))
 
     async def start_weight_transfer(self) -> None:
-        await self._actor.start_weight_update.remote()
+        await self._live().start_weight_update.remote()
 
     async def receive_weights(self, update_info: dict[str, Any]) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        await self._actor.update_weights.remote(WeightTransferUpdateRequest(update_info))
+        await self._live().update_weights.remote(WeightTransferUpdateRequest(update_info))
 
     async def finish_weight_transfer(self, version: str | None = None) -> None:
-        await self._actor.finish_weight_update.remote(version)
+        await self._live().finish_weight_update.remote(version)
 
     async def set_weight_version(self, version: str) -> None:
-        await self._actor.update_weight_version.remote(version)
+        await self._live().update_weight_version.remote(version)
 
     async def sleep(self, level: int) -> None:
-        await self._actor.sleep.remote(level)
+        await self._live().sleep.remote(level)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
-        await self._actor.wake_up.remote(tags)
+        await self._live().wake_up.remote(tags)
 
     async def weight_checksum(self) -> str:
-        checksum: str = await self._actor.weight_checksum.remote()
+        checksum: str = await self._live().weight_checksum.remote()
         return checksum
 
     async def aclose(self) -> None:
@@ -230,8 +237,10 @@ class RayEngine:
         self._refresher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._refresher
-        try:
-            await self._actor.aclose.remote()
+        try:  # a hung actor does not answer: it is killed all the same
+            await asyncio.wait_for(self._actor.aclose.remote(), CLOSE_TIMEOUT_S)
+        except (TimeoutError, ray.exceptions.RayError):
+            pass
         finally:
             ray.kill(self._actor)
             self._actor = None

@@ -169,7 +169,13 @@ class VLLMEngine:
         # off the event loop: starting the engine core takes seconds to minutes, and the
         # rollouts on the other engines (a restart during a step) must not wait for it; vLLM
         # starts its output tasks on the loop at the engine's first call
-        await asyncio.to_thread(build)
+        start = asyncio.get_running_loop().run_in_executor(None, build)
+        try:
+            await asyncio.shield(start)
+        except asyncio.CancelledError:  # a stop while it starts: the thread cannot be
+            # cancelled, so what it builds is shut down when it is done
+            start.add_done_callback(lambda _: [llm.shutdown() for llm in built])
+            raise
         engine = cls(built.pop(), config, stats)
         # vLLM keeps this frame alive; holding the AsyncLLM here would outlive shutdown() and
         # make its finaliser run at interpreter exit, against half-torn-down modules
@@ -195,16 +201,18 @@ class VLLMEngine:
 
         request_id = uuid.uuid4().hex
         final = None
+        llm = self._live()
         try:
-            async for output in self._llm.generate(
+            async for output in llm.generate(
                 TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id
             ):
                 final = output
         except EngineDeadError as exc:
             raise EngineDown(f"the vLLM engine core died: {exc}".splitlines()[0]) from exc
         except BaseException:
-            with contextlib.suppress(EngineDown):
-                await self._rpc("an abort", self._llm.abort(request_id))
+            if self._llm is llm:  # not closed meanwhile (a replaced engine aborts nothing)
+                with contextlib.suppress(Exception):
+                    await self._rpc("an abort", llm.abort(request_id))
             raise
         if final is None or not final.outputs:
             return Generation(token_ids=[], logprobs=[], finish_reason="error")
@@ -224,8 +232,11 @@ class VLLMEngine:
 
     def kv_stats(self) -> KVStats:
         stats = self._stats.latest
-        if stats is None:
-            return KVStats(self.capacity_tokens, 0, 0, 0, self._stats.preemptions)
+        if stats is None:  # no step yet; steps counts from 0, so a first step that never
+            # comes is a stall too
+            return KVStats(
+                self.capacity_tokens, 0, 0, 0, self._stats.preemptions, steps=self._stats.steps
+            )
         return KVStats(
             capacity_tokens=self.capacity_tokens,
             used_tokens=round(stats.kv_cache_usage * self.capacity_tokens),
@@ -253,12 +264,12 @@ class VLLMEngine:
             save_file(tensors, staged.name)
             await self._rpc(
                 "a weight update",
-                self._llm.collective_rpc("load_weights_file", args=(staged.name,)),
+                self._live().collective_rpc("load_weights_file", args=(staged.name,)),
             )
 
     async def finish_weight_update(self) -> None:
         """Drop the prefix cache: its KV was computed by the old weights."""
-        await self._rpc("a prefix-cache reset", self._llm.reset_prefix_cache())
+        await self._rpc("a prefix-cache reset", self._live().reset_prefix_cache())
 
     # ---- vLLM's native weight transfer (weight_transfer "nccl" / "ipc"; see rstar2.sync) ----
 
@@ -273,39 +284,39 @@ class VLLMEngine:
         request = WeightTransferInitRequest(init_info=init_info)
         await self._rpc(  # waits for the learner's side: no deadline of ours
             "the weight-transfer set-up",
-            self._llm.init_weight_transfer_engine(request),
+            self._live().init_weight_transfer_engine(request),
             bounded=False,
         )
 
     async def start_weight_transfer(self) -> None:
-        await self._rpc("a weight update", self._llm.start_weight_update())
+        await self._rpc("a weight update", self._live().start_weight_update())
 
     async def receive_weights(self, update_info: dict[str, Any]) -> None:
         """Receive one version (meets the learner's sends inside the transfer engine)."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         request = WeightTransferUpdateRequest(update_info=update_info)
-        await self._rpc("a weight update", self._llm.update_weights(request))
+        await self._rpc("a weight update", self._live().update_weights(request))
 
     async def finish_weight_transfer(self, version: str | None = None) -> None:
         """Every tensor is in: weights re-processed, outputs stamped ``version``, prefix cache
         dropped (its KV was computed by the old weights)."""
-        await self._rpc("a weight update", self._llm.finish_weight_update(version))
-        await self._rpc("a prefix-cache reset", self._llm.reset_prefix_cache())
+        await self._rpc("a weight update", self._live().finish_weight_update(version))
+        await self._rpc("a prefix-cache reset", self._live().reset_prefix_cache())
 
     async def set_weight_version(self, version: str) -> None:
-        await self._rpc("a weight update", self._llm.update_weight_version(version))
+        await self._rpc("a weight update", self._live().update_weight_version(version))
 
     async def sleep(self, level: int) -> None:
         """Free GPU memory (1: KV cache, weights offloaded to CPU; 2: both freed)."""
-        await self._rpc("sleep", self._llm.sleep(level))
+        await self._rpc("sleep", self._live().sleep(level))
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Re-allocate ``tags`` ("weights", "kv_cache"; None: all)."""
-        await self._rpc("wake-up", self._llm.wake_up(tags))
+        await self._rpc("wake-up", self._live().wake_up(tags))
 
     async def weight_checksum(self) -> str:
-        results = await self._rpc("a checksum", self._llm.collective_rpc("weight_checksum"))
+        results = await self._rpc("a checksum", self._live().collective_rpc("weight_checksum"))
         return str(results[0])
 
     async def _rpc(self, what: str, call: Awaitable[T], *, bounded: bool = True) -> T:
@@ -336,6 +347,13 @@ class VLLMEngine:
             if not task.done():
                 task.cancel()
 
+    def _live(self) -> Any:
+        """The AsyncLLM; EngineDown once closed (a failed engine's replacement closes it while
+        its last requests unwind)."""
+        if self._llm is None:
+            raise EngineDown("the vLLM engine was closed")
+        return self._llm
+
     async def aclose(self) -> None:
         """Stop the engine now (idempotent). The AsyncLLM is released here, not at interpreter
         exit, where its own finaliser would run against half-torn-down modules."""
@@ -357,6 +375,9 @@ def _spawn_environment() -> Iterator[None]:
     environ = dict(os.environ)
     try:
         yield
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
+    finally:  # only the keys that changed (no clear(): other threads read os.environ)
+        for key in [k for k in os.environ if k not in environ]:
+            os.environ.pop(key, None)
+        for key, value in environ.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value

@@ -72,6 +72,11 @@ class ServicesSpec:
 
 
 MAX_ENGINE_RESTARTS = 3  # per engine slot; then the run goes on without it
+# a failed engine's close, and its replacement's start, give up after these (a hung actor or
+# driver must not hang the weight sync that joins the replacement); a start that times out
+# counts as a failed restart
+ENGINE_CLOSE_TIMEOUT_S = 120.0
+ENGINE_START_TIMEOUT_S = 1800.0
 log = logging.getLogger(__name__)
 
 
@@ -93,6 +98,7 @@ class Services:
     restart: Callable[[], Awaitable[Engine]] | None = None
     restarts: dict[int, int] = field(default_factory=dict)  # engine slot -> restarts tried
     _starting: dict[int, asyncio.Task[Engine | None]] = field(default_factory=dict)
+    _closed: bool = False
 
     def __post_init__(self) -> None:
         self.dispatcher.on_engine_down = self._restart_soon
@@ -101,7 +107,9 @@ class Services:
         """Start a replacement for the engine in ``slot`` (unless one is starting, the slot
         has used its tries, or the weight sync cannot take a replacement)."""
         tried = self.restarts.get(slot, 0)
-        if self.restart is None or slot in self._starting or tried >= MAX_ENGINE_RESTARTS:
+        if self._closed or self.restart is None or slot in self._starting:
+            return
+        if tried >= MAX_ENGINE_RESTARTS:
             return
         if self.weight_sync is None or not self.weight_sync.replaces_engines:
             return  # the sync says why when it skips the engine
@@ -111,20 +119,25 @@ class Services:
     async def _replace(self, slot: int, tried: int) -> Engine | None:
         assert self.restart is not None
         with contextlib.suppress(Exception):
-            await self.engines[slot].aclose()
+            await asyncio.wait_for(self.engines[slot].aclose(), ENGINE_CLOSE_TIMEOUT_S)
         try:
-            return await self.restart()
+            return await asyncio.wait_for(self.restart(), ENGINE_START_TIMEOUT_S)
         except Exception as exc:  # the run goes on with fewer engines
-            log.warning("rollout engine %d did not restart (try %d): %s", slot, tried + 1, exc)
+            reason = (
+                f"no engine after {ENGINE_START_TIMEOUT_S:.0f} s"
+                if isinstance(exc, TimeoutError)
+                else str(exc)
+            )
+            log.warning("rollout engine %d did not restart (try %d): %s", slot, tried + 1, reason)
             return None
 
     async def aclose(self) -> None:
-        """Stop the restarts still under way (their engines close with the services)."""
+        """Stop the restarts still under way (their engines close with the services); no
+        restart starts after this."""
+        self._closed = True
         for task in self._starting.values():
             task.cancel()
-        for task in self._starting.values():
-            with contextlib.suppress(BaseException):
-                await task
+        await asyncio.gather(*self._starting.values(), return_exceptions=True)
         self._starting.clear()
 
     async def sync_weights(self) -> tuple[SyncStats, list[int]]:

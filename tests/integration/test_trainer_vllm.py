@@ -5,12 +5,14 @@ learner alone reproduces the run's updates)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +296,25 @@ def _wait_until_group_is_gone(pgid: int, timeout_s: float = 60) -> None:
     raise AssertionError(f"processes left behind:\n{left.stdout}")
 
 
+def _wait_until_gone(match: Callable[[Any], bool], what: str, timeout_s: float = 60) -> None:
+    """No process ``match`` accepts is left (Ray's own processes live in groups of their
+    own; a loaded machine reaps slowly)."""
+    import psutil
+
+    def left() -> list[str]:
+        found = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if match(p):
+                    found.append(" ".join(p.cmdline())[:200])
+        return found
+
+    deadline = time.monotonic() + timeout_s
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left(), f"processes of {what} left behind: {left()}"
+
+
 def test_replay_reproduces_the_updates_without_engines(config_file: Path, full_run: Path) -> None:
     run_dir = config_file.parent / "replayed"
     rollouts = config_file.parent / "rollouts"
@@ -306,9 +327,13 @@ def test_replay_reproduces_the_updates_without_engines(config_file: Path, full_r
     assert replay == full
 
 
-def test_learner_engines_and_sandbox_in_ray_actors_give_the_same_steps(
+def test_learner_engines_and_sandbox_in_ray_actors_stop_on_sigterm_and_give_the_same_steps(
     config_file: Path, full_run: Path
 ) -> None:
+    """Learner, engines and sandbox in Ray actors; SIGTERM to the trainer during step 2 (as
+    ``rstar2 launch`` and the Slurm driver step send it): the run checkpoints and exits 143,
+    its Ray cluster's processes (actors included) are gone, and the resumed run's steps equal
+    the in-process run's."""
     cfg = yaml.safe_load(config_file.read_text())
     cfg["cluster"]["ray"] = True
     cfg["stages"] = cfg["stages"][:1]
@@ -317,10 +342,24 @@ def test_learner_engines_and_sandbox_in_ray_actors_give_the_same_steps(
     ray_config = config_file.parent / "ray.yaml"
     ray_config.write_text(yaml.safe_dump(cfg))
     run_dir = config_file.parent / "ray-run"
-    args = ["train", "--config", str(ray_config), "--run-dir", str(run_dir), "--quiet"]
-    res = run_cli(*args, timeout=600)
+    proc = _train_into_step_2(ray_config, run_dir, "--quiet")
+    try:
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        stopping = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)  # a hang, not a slow stop on a loaded machine
+        print(f"\nSIGTERM to exit (Ray actors): {time.monotonic() - stopping:.1f} s")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, err[-3000:]
+    assert "learner: in a Ray actor on cpu" in out
+    _wait_until_group_is_gone(proc.pid)
+    session = (run_dir / "logs" / "ray").resolve().parent.name  # the run's own Ray cluster
+    _wait_until_gone(lambda p: session in " ".join(p.cmdline()), f"Ray session {session}")
+    res = run_cli("train", "--resume", str(run_dir), "--quiet", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "learner: in a Ray actor on cpu" in res.stdout
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # learner actor -> engine actors, around this process
     assert {r["sync/path"] for r in rows if r.get("updated")} == {"group"}

@@ -348,7 +348,7 @@ class Soak:
         for stop in self.stops:
             who = "process group" if stop["group"] else "trainer"
             ended = f"exit {stop['exit_code']} in {stop['seconds']} s"
-            print(f"{'SIGTERM to the ' + who:<{width}}{ended}")
+            print(f"{'SIGTERM to the ' + who:<{width}}  {ended}")
         if failed:
             print(f"FAILED: {failed}")
         print(json.dumps({k: v for k, v in result.items() if k != "events"}))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -128,7 +129,15 @@ class RayPlacement:
         from rstar2.trainer.ray_resources import actor_demands, check_fits
 
         if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False)
+            # a local cluster's processes inherit SIGTERM blocked (as Ray blocks SIGINT in
+            # them): a SIGTERM to the run's process group (systemd, Slurm) reaches the trainer,
+            # which stops them itself after its checkpoint, rather than killing the actors
+            # under it; ray.shutdown() kills what its SIGTERM does not stop after 1 s
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            try:
+                ray.init(include_dashboard=False, log_to_driver=False)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             self._started_ray = True
             # actors write to the session's log files (log_to_driver off): name them in the
             # run's logs; where Ray cannot say (a client connection), the run goes on without

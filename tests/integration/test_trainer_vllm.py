@@ -330,10 +330,10 @@ def test_replay_reproduces_the_updates_without_engines(config_file: Path, full_r
 def test_learner_engines_and_sandbox_in_ray_actors_stop_on_sigterm_and_give_the_same_steps(
     config_file: Path, full_run: Path
 ) -> None:
-    """Learner, engines and sandbox in Ray actors; SIGTERM to the trainer during step 2 (as
-    ``rstar2 launch`` and the Slurm driver step send it): the run checkpoints and exits 143,
-    its Ray cluster's processes (actors included) are gone, and the resumed run's steps equal
-    the in-process run's."""
+    """Learner, engines and sandbox in Ray actors; SIGTERM to the run's process group during
+    step 2 (as systemd or Slurm send it; the run's own local Ray cluster does not take it: the
+    trainer stops it): the run checkpoints and exits 143, its Ray cluster's processes (actors
+    included) are gone, and the resumed run's steps equal the in-process run's."""
     cfg = yaml.safe_load(config_file.read_text())
     cfg["cluster"]["ray"] = True
     cfg["stages"] = cfg["stages"][:1]
@@ -346,7 +346,7 @@ def test_learner_engines_and_sandbox_in_ray_actors_stop_on_sigterm_and_give_the_
     try:
         assert proc.poll() is None, "the run ended before it could be stopped"
         stopping = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=300)  # a hang, not a slow stop on a loaded machine
         print(f"\nSIGTERM to exit (Ray actors): {time.monotonic() - stopping:.1f} s")
     finally:

@@ -215,14 +215,9 @@ def test_sigterm_mid_step_checkpoints_exits_and_resumes_exactly(
         while not list((run_dir / "logs").glob("stacks-*.txt")):
             assert time.monotonic() < deadline and proc.poll() is None, "no stack dump"
             time.sleep(0.1)
-        stopping = time.monotonic()
-        os.killpg(proc.pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=300)  # a hang, not a slow stop on a loaded machine
-        print(f"\nSIGTERM to exit: {time.monotonic() - stopping:.1f} s")
+        out, err = _sigterm_group(proc, "SIGTERM to exit")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _kill_if_running(proc)
     assert proc.returncode == 143, err[-3000:]
     assert "stopped at step" in out and "--resume" in out
     (dump,) = (run_dir / "logs").glob("stacks-*.txt")
@@ -273,9 +268,7 @@ def test_sigterm_during_sft_stops_it_and_keeps_no_half_model(tmp_path: Path) -> 
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _kill_if_running(proc)
     assert proc.returncode == 143, err[-3000:]
     assert "SFT stopped after" in out and "a resume starts SFT again" in out
     steps_done = len(sft_metrics.read_text().splitlines())
@@ -283,6 +276,22 @@ def test_sigterm_during_sft_stops_it_and_keeps_no_half_model(tmp_path: Path) -> 
     assert not (run_dir / "sft" / "model").exists()
     assert not (run_dir / "sft" / "summary.json").exists()
     _wait_until_group_is_gone(proc.pid)
+
+
+def _sigterm_group(proc: subprocess.Popen[str], label: str) -> tuple[str, str]:
+    """SIGTERM ``proc``'s whole process group (as Slurm and systemd stop a run); its output
+    once it exited, and the time that took printed after ``label``."""
+    stopping = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)  # a hang, not a slow stop on a loaded machine
+    print(f"\n{label}: {time.monotonic() - stopping:.1f} s")
+    return out, err
+
+
+def _kill_if_running(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _wait_until_group_is_gone(pgid: int, timeout_s: float = 60) -> None:
@@ -347,14 +356,9 @@ def test_learner_engines_and_sandbox_in_ray_actors_stop_on_sigterm_and_give_the_
     proc = _train_into_step_2(ray_config, run_dir, "--quiet")
     try:
         assert proc.poll() is None, "the run ended before it could be stopped"
-        stopping = time.monotonic()
-        os.killpg(proc.pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=300)  # a hang, not a slow stop on a loaded machine
-        print(f"\nSIGTERM to exit (Ray actors): {time.monotonic() - stopping:.1f} s")
+        out, err = _sigterm_group(proc, "SIGTERM to exit (Ray actors)")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _kill_if_running(proc)
     assert proc.returncode == 143, err[-3000:]
     assert "learner: in a Ray actor on cpu" in out
     _wait_until_group_is_gone(proc.pid)
@@ -471,9 +475,7 @@ def test_an_engine_killed_mid_run_is_restarted_and_the_run_is_unchanged(
         kill_engine_core(proc.pid, expect=2)
         out, err = proc.communicate(timeout=600)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _kill_if_running(proc)
     assert proc.returncode == 0, err[-3000:]
     assert "failed and was restarted with the current weights" in out, out[-3000:]
     assert _metrics(run_dir) == _metrics(full_run)

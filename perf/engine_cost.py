@@ -44,8 +44,32 @@ from perf.record import commit, fit_line, hardware
 KV_FLOOR_S = 1e-12
 
 
-async def _measure(engine: Any, vocab: int, args: argparse.Namespace) -> dict[str, Any]:
+def kv_needed(engine: Any, batch: int, tokens: int) -> int:
+    """KV tokens ``batch`` requests of ``tokens`` each take on ``engine`` (whole blocks)."""
+    bs = int(getattr(engine, "block_size", 1))
+    return batch * -(-tokens // bs) * bs
+
+
+async def measure(
+    engine: Any, vocab: int, args: argparse.Namespace | None = None
+) -> dict[str, Any]:
+    """The step-cost constants of a running ``engine`` (token ids below ``vocab``) and the
+    raw timings behind them; ``args``: the command's timing flags (None: their defaults)."""
     from rstar2.rollout.engine import SamplingSettings
+
+    if args is None:
+        args = _parser().parse_args(["--config", "-"])
+    capacity = engine.kv_stats().capacity_tokens
+    largest = max(
+        kv_needed(engine, max(args.decode_batches), 16 + args.decode_tokens),
+        kv_needed(engine, args.kv_batch, args.kv_context + args.decode_tokens),
+    )
+    if capacity and largest > capacity:
+        # requests that do not fit queue or get preempted, and their wait reads as step cost
+        raise ValueError(
+            f"the engine's KV holds {capacity} tokens, but the timed batches need up to "
+            f"{largest}: lower --decode-batches or --kv-batch x --kv-context"
+        )
 
     rng = random.Random(0)
 
@@ -115,7 +139,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("rollout", "the config's engines are a served vLLM: nothing to build")
     engine = await VLLMEngine.create(spec.engine)
     try:
-        measured = await _measure(engine, vocab, args)
+        measured = await measure(engine, vocab, args)
     finally:
         await engine.aclose()
     return {
@@ -177,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with run_console(Path(args.logs), own_packages=(*OWN_PACKAGES, "perf")):
             result = asyncio.run(_run(args))
-    except (ConfigError, FileNotFoundError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"perf.engine_cost: {exc}", file=sys.stderr)
         return 2
     c = result["cost"]

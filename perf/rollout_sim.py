@@ -1,10 +1,12 @@
 """Trace-replay simulator of rollout scheduling policies (see :mod:`scheduler.sim` for the model).
 
-    python -m perf.rollout_sim --trace FILE|paper --engines N --kv-tokens K --policy P|all
+    python -m perf.rollout_sim --trace FILE|paper|skewed --engines N --kv-tokens K --policy P|all
         [--seed S] [--prefill-tokens-per-s R | --cost FILE]
 
 ``--trace paper`` generates the paper-like trace of :func:`scheduler.trace.paper_like` (512
-prompts x 16 trajectories; ``--prompts`` / ``--samples`` scale it). Prints a table, then one JSON
+prompts x 16 trajectories; ``--prompts`` / ``--samples`` scale it); ``--trace skewed`` the
+differently shaped one of :func:`scheduler.trace.skewed` (1-2 turns, 5% of the trajectories
+carry 30% of the work). Prints a table, then one JSON
 line with, per policy: makespan_s, busy_fraction, preemptions, recomputed_tokens,
 generated_tokens, p50/p99 trajectory latency; and the makespan no policy can beat under the
 cost model (:func:`scheduler.sim.makespan_lower_bound`), with each policy's ratio to it. Exit 2
@@ -21,18 +23,22 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from scheduler.core import POLICIES, SchedulerError, SchedulerSettings
 from scheduler.sim import SimSettings, StepCostModel, makespan_lower_bound, simulate
-from scheduler.trace import TraceError, TraceRow, load_trace, paper_like
+from scheduler.trace import TraceError, TraceRow, load_trace, paper_like, skewed
+
+# --trace NAME: a generated trace
+GENERATED: dict[str, Callable[..., list[TraceRow]]] = {"paper": paper_like, "skewed": skewed}
 
 
 def _rows(args: argparse.Namespace) -> list[TraceRow]:
-    if args.trace == "paper":
-        return paper_like(
+    if args.trace in GENERATED:
+        return GENERATED[args.trace](
             num_prompts=args.prompts,
             samples_per_prompt=args.samples,
             max_response_tokens=args.max_response_tokens,
@@ -141,15 +147,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", default="paper", help="JSONL trace file, or 'paper'")
+    parser.add_argument(
+        "--trace", default="paper", help="JSONL trace file, or 'paper' / 'skewed' (generated)"
+    )
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument(
         "--kv-tokens", type=int, default=655_360, help="KV capacity per engine (tokens)"
     )
     parser.add_argument("--policy", default="all", choices=[*POLICIES, "all"])
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated trace")
-    parser.add_argument("--prompts", type=int, default=512, help="--trace paper: prompts")
-    parser.add_argument("--samples", type=int, default=16, help="--trace paper: per prompt")
+    parser.add_argument("--prompts", type=int, default=512, help="generated traces: prompts")
+    parser.add_argument("--samples", type=int, default=16, help="generated traces: per prompt")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="engine batch limit")
     parser.add_argument("--max-response-tokens", type=int, default=12_288)
     cost = parser.add_mutually_exclusive_group()

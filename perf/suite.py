@@ -100,6 +100,16 @@ def _rollout_sim(r: dict[str, Any]) -> list[Figure]:
     return out
 
 
+def _sim_check(r: dict[str, Any]) -> list[Figure]:
+    """Pass/fail figures (a 1 that becomes 0, or a 0 that becomes 1, is flagged); the
+    per-policy predicted/measured makespans are in the benchmark's own JSON."""
+    within = float(r["within_tolerance"])
+    return [
+        Figure("sim_check.makespans_within_20pct", within, "bool", "higher", "ratio"),
+        Figure("sim_check.misordered_pairs", len(r["misordered"]), "pairs", "lower", "ratio"),
+    ]
+
+
 def _learner(r: dict[str, Any]) -> list[Figure]:
     return [Figure(f"learner.{r['device']}.tokens_per_s", r["tokens_per_s"], "tok/s", "higher")]
 
@@ -183,6 +193,7 @@ CPU_SUITE: tuple[Bench, ...] = (
     ),
     Bench("learner", "perf.learner", (), ("--steps", "3", "--warmup", "1"), _learner),
     Bench("rollout", "perf.rollout", (), None, _rollout),
+    Bench("sim_check", "perf.sim_check", (), None, _sim_check),
 )
 GPU_SUITE: tuple[Bench, ...] = (
     Bench("learner_backends", "perf.learner_backends", (), None, _learner_backends, gpu=True),

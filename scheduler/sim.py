@@ -65,6 +65,9 @@ class SimSettings:
     max_num_seqs: int = 256
     max_response_tokens: int = 12_288  # the trajectories' budget (tool responses included)
     default_tool_tokens: int = 128
+    # KV block size: >1 models vLLM's paged KV (each request's last block partly used, prefix
+    # hits in whole blocks and never the last prompt token); 1 is the token-exact ideal
+    block_size_tokens: int = 1
     cost: StepCostModel = field(default_factory=StepCostModel)
 
 
@@ -167,16 +170,16 @@ class _Engine:
         if n == 0:
             self.busy = False
             return
-        room = self.s.kv_tokens - self.kv_used
-        if room < n:
+        room = self._room()
+        if room < 1:
             self._preempt_until_fits()
             n = len(self.running)
             if n == 0:
                 self.busy = False
                 return
-            room = self.s.kv_tokens - self.kv_used
+            room = self._room()
         k_finish = self.finish_heap[0][0] - self.step
-        k = max(1, min(k_finish, room // n))
+        k = max(1, min(k_finish, room))
         self.busy = True
         self.run_start_t = now
         self.run_steps = k
@@ -202,12 +205,47 @@ class _Engine:
         self._plan(now)
         self.sim.report(self)
 
+    def _blocks_after(self, k: int) -> int:
+        """KV tokens the running requests take after ``k`` more steps: their tokens, or with
+        paged KV (``block_size_tokens`` > 1) their whole blocks."""
+        bs = self.s.block_size_tokens
+        if bs == 1:
+            return self.kv_used + len(self.running) * k
+        return sum(
+            -(-(r.context + self.step - r.start_step + k) // bs) * bs for r in self.running.values()
+        )
+
+    def _room(self) -> int:
+        """Steps the running batch can take before it needs KV that is not there (tokens per
+        request for token-exact KV; found by bisection over whole blocks for paged KV)."""
+        n = len(self.running)
+        if self.s.block_size_tokens == 1:
+            return (self.s.kv_tokens - self.kv_used) // max(n, 1)
+        if self._blocks_after(1) > self.s.kv_tokens:
+            return 0
+        lo, hi = 1, self.s.kv_tokens
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._blocks_after(mid) <= self.s.kv_tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _hit(self, traj_id: str, context: int) -> int:
+        cached = min(self.cache.get(traj_id, 0), context)
+        bs = self.s.block_size_tokens
+        if bs == 1:
+            return cached
+        return min(cached, context - 1) // bs * bs  # whole blocks, never the last token
+
     def _admit(self) -> int:
         prefill = 0
+        bs = self.s.block_size_tokens
         while self.waiting and len(self.running) < self.s.max_num_seqs:
             req = self.waiting[0]
-            hit = min(self.cache.get(req.traj_id, 0), req.context)
-            if self.s.kv_tokens - self.kv_used < req.context:
+            hit = self._hit(req.traj_id, req.context)
+            if self._blocks_after(0) + -(-req.context // bs) * bs > self.s.kv_tokens:
                 break  # the head waits (first come, first served)
             self.waiting.popleft()
             if req.traj_id in self.cache:
@@ -223,7 +261,7 @@ class _Engine:
         return prefill
 
     def _preempt_until_fits(self) -> None:
-        while self.running and self.s.kv_tokens - self.kv_used < len(self.running):
+        while self.running and self._room() < 1:
             order, req = self.running.popitem(last=True)
             self.finish_heap.remove((req.start_step + req.to_generate, order))
             heapq.heapify(self.finish_heap)
@@ -250,7 +288,7 @@ class _Engine:
     def _evict(self, extra: int) -> None:
         """Evict the least recently freed prefix first, its tail first (vLLM v1 frees a
         request's blocks in reverse order), so a prefix's head stays cached longest."""
-        limit = self.s.kv_tokens - self.kv_used - extra
+        limit = self.s.kv_tokens - self._blocks_after(0) - extra
         while self.cached_total > limit and self.cache:
             traj_id, tokens = next(iter(self.cache.items()))
             excess = self.cached_total - limit

@@ -7,7 +7,8 @@ tool response appended to the context; the simulator's default applies when abse
 
 :func:`paper_like` follows the rStar2-Agent paper's stage-2 rollouts: 16 trajectories per prompt,
 responses of 1K-12K tokens with a long tail (log-normal, median ~3K), 1-10 assistant turns, tool
-calls of ~0.3 s.
+calls of ~0.3 s. :func:`skewed` is a differently shaped one, for checking that a policy is not
+tuned to that trace: short 1-2 turn trajectories, 5% of which carry 30% of the work.
 """
 
 from __future__ import annotations
@@ -74,6 +75,53 @@ def paper_like(
                     session=f"p{p}-s{s}",
                 )
             )
+    return rows
+
+
+def skewed(
+    *,
+    num_prompts: int = 512,
+    samples_per_prompt: int = 16,
+    max_response_tokens: int = 12288,
+    short_median_tokens: int = 512,
+    long_fraction: float = 0.05,
+    long_work_share: float = 0.30,
+    max_turns: int = 2,
+    tool_latency_s: float = 0.3,
+    tool_tokens: int = 128,
+    seed: int = 0,
+) -> list[TraceRow]:
+    """A trace shaped unlike the paper's: short trajectories of 1-``max_turns`` turns, where a
+    ``long_fraction`` of them (spread at random) carries ``long_work_share`` of the generated
+    tokens. Lengths are log-normal; the long ones are scaled to the share, within the budget
+    (so the share is met unless the budget caps them: see the rows' own totals)."""
+    if not 0 < long_fraction < 1 or not 0 < long_work_share < 1:
+        raise ValueError("long_fraction and long_work_share must be in (0, 1)")
+    rng = random.Random(seed)
+    n = num_prompts * samples_per_prompt
+    budget = max_response_tokens - tool_tokens * (max_turns - 1)
+    long_ids = set(rng.sample(range(n), max(1, round(n * long_fraction))))
+    short = {
+        i: min(budget, max(32, int(rng.lognormvariate(math.log(short_median_tokens), 0.6))))
+        for i in range(n)
+        if i not in long_ids
+    }
+    raw = {i: rng.lognormvariate(0.0, 0.5) for i in long_ids}
+    target = long_work_share / (1 - long_work_share) * sum(short.values())
+    scale = target / sum(raw.values())
+    lengths = short | {i: min(budget, max(32, int(w * scale))) for i, w in raw.items()}
+    rows: list[TraceRow] = []
+    for i in range(n):
+        p, k = divmod(i, samples_per_prompt)
+        num_turns = rng.randint(1, max_turns)
+        rows.append(
+            TraceRow(
+                id=f"p{p}-s{k}",
+                prompt_tokens=rng.randint(150, 600),
+                turns=_split_turns(rng, lengths[i], num_turns, tool_latency_s, tool_tokens),
+                session=f"p{p}-s{k}",
+            )
+        )
     return rows
 
 

@@ -110,6 +110,11 @@ class VLLMEngine:
     def block_size(self) -> int:
         return self._block_size
 
+    @property
+    def max_num_seqs(self) -> int:
+        """Requests the engine runs in one batch at most (vLLM's ``max_num_seqs``)."""
+        return int(self._llm.vllm_config.scheduler_config.max_num_seqs)
+
     @classmethod
     async def create(cls, config: VLLMEngineConfig) -> VLLMEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs

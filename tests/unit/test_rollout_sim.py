@@ -12,7 +12,15 @@ import pytest
 
 from scheduler.core import ADMISSION_POLICIES, POLICIES, SchedulerSettings
 from scheduler.sim import SimSettings, StepCostModel, makespan_lower_bound, simulate
-from scheduler.trace import TraceError, TraceRow, TraceTurn, load_trace, paper_like, write_trace
+from scheduler.trace import (
+    TraceError,
+    TraceRow,
+    TraceTurn,
+    load_trace,
+    paper_like,
+    skewed,
+    write_trace,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -265,3 +273,41 @@ def test_eviction_takes_the_tail_of_the_least_recent_prefix_first() -> None:
     res = simulate([a, b], s, SchedulerSettings(policy="sticky"))
     assert res.preemptions == 0
     assert res.recomputed_tokens == res.recomputed_after_eviction == 150
+
+
+def test_skewed_trace_puts_its_share_of_the_work_in_few_short_trajectories() -> None:
+    rows = skewed(num_prompts=64, samples_per_prompt=16, seed=5)
+    assert len(rows) == 1024 and len({r.id for r in rows}) == 1024
+    assert all(1 <= len(r.turns) <= 2 for r in rows)
+    assert all(r.response_tokens <= 12_288 for r in rows)
+    lengths = sorted((r.response_tokens for r in rows), reverse=True)
+    top = sum(lengths[: len(lengths) // 20]) / sum(lengths)
+    assert 0.27 <= top <= 0.33  # 5% of the trajectories carry ~30% of the tokens
+    assert skewed(num_prompts=64, samples_per_prompt=16, seed=5) == rows  # seeded
+    with pytest.raises(ValueError, match="long_fraction"):
+        skewed(long_fraction=1.5)
+
+
+def test_a_paged_engine_hits_whole_blocks_and_never_the_last_token() -> None:
+    """vLLM caches whole blocks and always computes a prompt's last token: after a 150-token
+    first turn, the second (context 160) hits 144 tokens with 16-token blocks and recomputes 6
+    it had computed; token-exact KV recomputes none."""
+    row = TraceRow("a", 100, (TraceTurn(50, 0.1, 10), TraceTurn(10, None)))
+    exact = SimSettings(num_engines=1, kv_tokens=4096)
+    paged = replace(exact, block_size_tokens=16)
+    sticky = SchedulerSettings(policy="sticky")
+    assert simulate([row], exact, sticky).recomputed_tokens == 0
+    assert simulate([row], paged, sticky).recomputed_tokens == 150 - 144
+
+
+def test_a_paged_engine_counts_each_request_in_whole_blocks() -> None:
+    """Two 120-token prompts that generate 20 tokens each: 280 tokens fit 320 of token-exact KV;
+    in 64-token blocks each needs 3 blocks by its end, 6 of the 5 there are, so one request is
+    preempted (and still finishes)."""
+    rows = [TraceRow(f"r{i}", 120, (TraceTurn(20, None),)) for i in range(2)]
+    base = SimSettings(num_engines=1, kv_tokens=320, max_response_tokens=100)
+    rr = SchedulerSettings(policy="round_robin")
+    exact = simulate(rows, base, rr)
+    paged = simulate(rows, replace(base, block_size_tokens=64), rr)
+    assert exact.preemptions == 0 and exact.engine_max_used_fraction > 0.85
+    assert paged.preemptions >= 1 and paged.generated_tokens == 40

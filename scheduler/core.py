@@ -593,7 +593,7 @@ class Scheduler:
         home_free = free_besides(home, held) if home is not None else 0
         shrunk = self._floor_blocks(home_free) - traj.context_tokens
         if home is not None and home_free >= need:
-            engine = home
+            engine = self._balanced(home, need)
         elif (
             home is not None
             and self.settings.split_turns
@@ -627,6 +627,18 @@ class Scheduler:
         engine.reserved_tokens += need
         traj.reserved = need
         return self._start(traj, engine, segment, need)
+
+    def _balanced(self, home: EngineState, need: int) -> EngineState:
+        """``home``, or in the rollout's tail (no new trajectory waiting) the least busy
+        engine when it runs ``balance_gap`` fewer dispatches and has the room: the engines
+        that emptied first take turns off the busiest, whose steps then run faster."""
+        gap = self.settings.balance_gap
+        if gap is None or self._queue:
+            return home
+        least = min(self.engines, key=lambda e: (e.down, e.in_flight, e.engine_id))
+        if least.in_flight + gap <= home.in_flight and least.free_tokens >= need:
+            return least
+        return home
 
     def _start(
         self, traj: TrajectoryState, engine: EngineState, max_tokens: int, reserved: int

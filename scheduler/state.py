@@ -26,7 +26,7 @@ class SchedulerSettings:
     policy: Policy = "kv_affinity"
     initial_segment_tokens: int = 2048  # kv_affinity: segment before any turn was observed
     min_segment_tokens: int = 256
-    segment_quantile: float = 0.75  # of recent turns' generated tokens
+    segment_quantile: float = 0.5  # of recent turns' generated tokens
     # kv_affinity: False reserves a turn's whole remaining budget and never splits a turn into
     # segments, so each turn is one engine request and its tokens depend only on its seed
     split_turns: bool = True
@@ -39,6 +39,8 @@ class SchedulerSettings:
     block_size_tokens: int = 1  # engines allocate KV in blocks: reservations round up to them
     max_running_per_engine: int | None = None  # admission policies: dispatches in flight per
     # engine at most (set it to the engines' max_num_seqs)
+    balance_gap: int | None = 16  # kv_affinity, once no new trajectory waits: a turn leaves
+    # its prefix's engine for the least busy one when that runs this many fewer dispatches
     move_free_fraction: float = 0.25  # kv_affinity: leave the prefix's engine only for one
     # this empty after placing (or once the dispatch has been passed max_bypass times)
 

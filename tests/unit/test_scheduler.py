@@ -148,6 +148,47 @@ def test_kv_affinity_stays_home_and_moves_only_to_a_clearly_freer_engine() -> No
     assert s.engines[home].reserved_tokens == 0  # the held prefix was let go
 
 
+def _three_on_engine_0(**kw: int | float | None) -> Scheduler:
+    """Two engines; u0-u2 placed on engine 0 (engine 1 looked full then); u0's next turn ready."""
+    s = _sched("kv_affinity", [2000, 2000], initial_segment_tokens=100, **kw)  # type: ignore[arg-type]
+    s.update_engine(1, used_tokens=2000, running=1, waiting=0, preemptions=0)  # another client
+    _submit(s, 3, prompt=100)
+    assert {a.engine_id for a in s.schedule()} == {0}
+    s.update_engine(1, used_tokens=0, running=0, waiting=0, preemptions=0)
+    s.generation_finished("t0", 100)
+    s.turn_ready("t0", 250)
+    return s
+
+
+def test_kv_affinity_balances_the_tail_to_the_least_busy_engine() -> None:
+    """Once no new trajectory waits, a turn leaves its prefix's engine for the least busy one
+    when that runs ``balance_gap`` fewer dispatches: engine 1 runs none, engine 0 two."""
+    s = _three_on_engine_0(balance_gap=2)
+    (a,) = s.schedule()
+    assert (a.traj_id, a.engine_id, a.moved) == ("t0", 1, True)
+    # its held prefix left engine 0 with it (prompt 100 + the 256-token minimum segment each)
+    assert s.engines[0].reserved_tokens == 2 * 356 and s.engines[1].reserved_tokens == 250 + 256
+    s = _three_on_engine_0(balance_gap=3)  # a gap of 2 is not 3: it stays
+    (b,) = s.schedule()
+    assert (b.engine_id, b.moved) == (0, False)
+    s = _three_on_engine_0(balance_gap=None)  # off
+    (c,) = s.schedule()
+    assert (c.engine_id, c.moved) == (0, False)
+
+
+def test_kv_affinity_does_not_balance_while_new_trajectories_wait() -> None:
+    s = _sched("kv_affinity", [2000, 2000], initial_segment_tokens=100, balance_gap=2)
+    s.update_engine(1, used_tokens=2000, running=1, waiting=0, preemptions=0)
+    _submit(s, 3, prompt=100)
+    assert {a.engine_id for a in s.schedule()} == {0}
+    s.update_engine(1, used_tokens=1000, running=1, waiting=0, preemptions=0)
+    s.submit("big", prompt_tokens=1500, max_response_tokens=400)  # fits on neither now
+    s.generation_finished("t0", 100)
+    s.turn_ready("t0", 250)
+    (a,) = s.schedule()  # engine 1 could take it, but a new trajectory waits
+    assert (a.traj_id, a.engine_id, a.moved) == ("t0", 0, False)
+
+
 def test_kv_affinity_waits_for_its_prefix_rather_than_move_to_a_loaded_engine() -> None:
     s = _sched(
         "kv_affinity",
@@ -239,12 +280,22 @@ def _drive(
     jobs: list[tuple[int, list[int]]],
     seed: int,
     fault_rate: float = 0.0,
+    balance_gap: int | None = 16,
 ) -> Scheduler:
     """Run jobs (prompt, turn lengths) to completion with random event order; check invariants.
     ``fault_rate``: per event, the chance that an engine fails (its running dispatches are lost
     and reported failed; never the last one up) or that a failed one comes back."""
     rng = random.Random(seed)
-    s = _sched(policy, caps, initial_segment_tokens=64, min_segment_tokens=16, max_bypass=4)
+    s = Scheduler(
+        caps,
+        SchedulerSettings(
+            policy=policy,
+            initial_segment_tokens=64,
+            min_segment_tokens=16,
+            max_bypass=4,
+            balance_gap=balance_gap,
+        ),
+    )
     budget = 600
     left: dict[str, list[int]] = {}
     context: dict[str, int] = {}
@@ -322,20 +373,35 @@ def _caps(min_engines: int) -> st.SearchStrategy[list[int]]:
     return st.lists(st.integers(800, 3000), min_size=min_engines, max_size=4)
 
 
+_GAPS = st.sampled_from([None, 1, 2, 16])  # kv_affinity's tail balancing: off, eager, default
+
+
 @settings(max_examples=100, deadline=None)
-@given(policy=st.sampled_from(POLICIES), caps=_caps(1), jobs=_JOBS, seed=st.integers(0, 1000))
+@given(
+    policy=st.sampled_from(POLICIES),
+    caps=_caps(1),
+    jobs=_JOBS,
+    seed=st.integers(0, 1000),
+    gap=_GAPS,
+)
 def test_invariants_hold_and_every_trajectory_finishes(
-    policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int
+    policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int, gap: int | None
 ) -> None:
-    _drive(policy, caps, jobs, seed)
+    _drive(policy, caps, jobs, seed, balance_gap=gap)
 
 
 @settings(max_examples=100, deadline=None)
-@given(policy=st.sampled_from(POLICIES), caps=_caps(2), jobs=_JOBS, seed=st.integers(0, 1000))
+@given(
+    policy=st.sampled_from(POLICIES),
+    caps=_caps(2),
+    jobs=_JOBS,
+    seed=st.integers(0, 1000),
+    gap=_GAPS,
+)
 def test_engines_failing_and_coming_back_keep_the_invariants(
-    policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int
+    policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int, gap: int | None
 ) -> None:
-    _drive(policy, caps, jobs, seed, fault_rate=0.05)
+    _drive(policy, caps, jobs, seed, fault_rate=0.05, balance_gap=gap)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -616,7 +616,10 @@ class Scheduler:
             if not (
                 home is None
                 or need > home.capacity_tokens
-                or slack >= self.settings.move_free_fraction * engine.capacity_tokens
+                or (
+                    slack >= self.settings.move_free_fraction * engine.capacity_tokens
+                    and not _only_batch_full(home, held, need)
+                )
                 or traj.bypassed >= self.settings.max_bypass
             ):
                 return None  # wait for the prefix's engine
@@ -652,3 +655,12 @@ class Scheduler:
         per = self.stats.per_engine_dispatches
         per[engine.engine_id] = per.get(engine.engine_id, 0) + 1
         return Assignment(traj.traj_id, engine.engine_id, max_tokens, reserved, moved)
+
+
+def _only_batch_full(engine: EngineState, own_tokens: int, need: int) -> bool:
+    """The engine has the KV for ``need`` but runs its most requests: a slot frees as soon as
+    any of them ends, so waiting there beats re-prefilling the prefix elsewhere."""
+    if engine.down or engine.max_running is None or engine.in_flight < engine.max_running:
+        return False
+    taken = max(engine.reserved_tokens - own_tokens, engine.reported_used_tokens)
+    return engine.capacity_tokens - taken >= need

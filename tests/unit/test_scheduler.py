@@ -189,6 +189,24 @@ def test_kv_affinity_does_not_balance_while_new_trajectories_wait() -> None:
     assert (a.traj_id, a.engine_id, a.moved) == ("t0", 0, False)
 
 
+def test_kv_affinity_waits_for_a_batch_slot_at_home_rather_than_re_prefill_elsewhere() -> None:
+    """A home engine with the KV but at its batch limit frees a slot when any of its requests
+    ends: the turn waits there (no move) although another engine is empty."""
+    s = _sched("kv_affinity", [4000, 4000], initial_segment_tokens=100, max_running_per_engine=2)
+    s.update_engine(1, used_tokens=4000, running=1, waiting=0, preemptions=0)  # another client
+    _submit(s, 2, prompt=100)
+    assert [(a.traj_id, a.engine_id) for a in s.schedule()] == [("t0", 0), ("t1", 0)]
+    s.generation_finished("t0", 100)
+    s.submit("t9", prompt_tokens=100, max_response_tokens=1000)
+    assert [(a.traj_id, a.engine_id) for a in s.schedule()] == [("t9", 0)]  # engine 0 full again
+    s.update_engine(1, used_tokens=0, running=0, waiting=0, preemptions=0)  # engine 1 empties
+    s.turn_ready("t0", 250)
+    assert s.schedule() == []  # home has the KV, not a batch slot: wait for one
+    s.generation_finished("t1", 100)
+    (a,) = s.schedule()
+    assert (a.traj_id, a.engine_id, a.moved) == ("t0", 0, False)
+
+
 def test_kv_affinity_waits_for_its_prefix_rather_than_move_to_a_loaded_engine() -> None:
     s = _sched(
         "kv_affinity",

@@ -62,6 +62,7 @@ import heapq
 import math
 from collections import deque
 
+from scheduler.growth import GrowthModel
 from scheduler.state import (
     ADMISSION_POLICIES,
     POLICIES,
@@ -116,6 +117,7 @@ class Scheduler:
         self._turns: deque[int] = deque(maxlen=settings.growth_window_turns)
         self._sorted_turns: list[int] = []  # the same values, ordered (for the quantile)
         self._segment = settings.initial_segment_tokens
+        self._growth = GrowthModel()  # kv_affinity: final lengths of finished trajectories
 
     # ---- events ----
 
@@ -161,6 +163,7 @@ class Scheduler:
             raise SchedulerError(f"{traj_id!r}: context cannot shrink")
         traj.context_tokens = context_tokens
         traj.turn_generated = 0
+        self._reproject(traj)
         if traj.remaining_tokens <= 0:
             raise SchedulerError(f"{traj_id!r}: the response budget is spent; finish it")
         self._enqueue(traj)
@@ -177,6 +180,7 @@ class Scheduler:
             self._dirty.add(engine.engine_id)
         traj.context_tokens += generated_tokens
         traj.turn_generated += generated_tokens
+        self._reproject(traj)
         # kv_affinity keeps the dispatch's reservation through the tool call (or until the
         # turn's next segment): the engine keeps the prefix cached, and the next turn usually
         # starts at once (the unused part of this segment covers the tool response)
@@ -194,9 +198,12 @@ class Scheduler:
             raise SchedulerError(f"unknown trajectory {traj_id!r}")
         if traj.state == "running":
             raise SchedulerError(f"{traj_id!r} still has a dispatch running")
+        if self.settings.policy == "kv_affinity":
+            self._growth.observe(traj.context_tokens - traj.prompt_tokens)
         if traj.home is not None:
             engine = self.engines[traj.home]
             engine.reserved_tokens -= traj.reserved
+            engine.projected_tokens -= traj.projected
             engine.waiting_holds.pop(traj_id, None)
             self._dirty.add(engine.engine_id)
             if self.settings.policy == "sticky":
@@ -225,12 +232,13 @@ class Scheduler:
         engine.down = True
         self.stats.engines_down += 1
         engine.reserved_tokens = engine.in_flight = engine.live_trajectories = 0
+        engine.projected_tokens = 0.0
         engine.waiting_holds.clear()
         self._heads.pop(engine_id, None)
         for traj in self._trajs.values():
             if traj.home != engine_id:
                 continue
-            traj.home, traj.reserved = None, 0
+            traj.home, traj.reserved, traj.projected = None, 0, 0.0
             if traj.state == "waiting":
                 self._enqueue(traj)  # out of its home queue (a stale entry there now)
         self._rescan_waiting()
@@ -613,6 +621,8 @@ class Scheduler:
             headroom = self.settings.new_headroom_fraction * engine.capacity_tokens
             if home is None and engine.reserved_tokens and slack < headroom:
                 return None  # the room left is for live trajectories' next turns
+            if home is None and self._over_projected(engine, traj):
+                return None  # its live trajectories are expected to grow into the rest
             if not (
                 home is None
                 or need > home.capacity_tokens
@@ -631,6 +641,25 @@ class Scheduler:
         traj.reserved = need
         return self._start(traj, engine, segment, need)
 
+    def _reproject(self, traj: TrajectoryState) -> None:
+        """Keep ``traj``'s expected final length counted on its home engine (kv_affinity)."""
+        if self.settings.policy != "kv_affinity" or traj.home is None:
+            return
+        engine = self.engines[traj.home]
+        engine.projected_tokens -= traj.projected
+        expected = self._growth.expected_total(traj.context_tokens - traj.prompt_tokens)
+        traj.projected = traj.prompt_tokens + min(expected, traj.max_response_tokens)
+        engine.projected_tokens += traj.projected
+
+    def _over_projected(self, engine: EngineState, traj: TrajectoryState) -> bool:
+        """Admitting ``traj`` would take the engine's expected final KV past its share."""
+        fraction = self.settings.admit_projected_fraction
+        if fraction is None or not self._growth.ready or not engine.in_flight:
+            return False
+        expected = min(self._growth.expected_total(0), traj.max_response_tokens)
+        new = traj.prompt_tokens + expected
+        return engine.projected_tokens + new > fraction * engine.capacity_tokens
+
     def _balanced(self, home: EngineState, need: int) -> EngineState:
         """``home``, or in the rollout's tail (no new trajectory waiting) the least busy
         engine when it runs ``balance_gap`` fewer dispatches and has the room: the engines
@@ -647,7 +676,11 @@ class Scheduler:
         self, traj: TrajectoryState, engine: EngineState, max_tokens: int, reserved: int
     ) -> Assignment:
         moved = traj.home is not None and traj.home != engine.engine_id
+        if traj.home is not None:
+            self.engines[traj.home].projected_tokens -= traj.projected
+            traj.projected = 0.0
         traj.home = engine.engine_id
+        self._reproject(traj)
         traj.state = "running"
         engine.in_flight += 1
         self.stats.dispatches += 1

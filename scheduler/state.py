@@ -41,6 +41,9 @@ class SchedulerSettings:
     # engine at most (set it to the engines' max_num_seqs)
     balance_gap: int | None = 16  # kv_affinity, once no new trajectory waits: a turn leaves
     # its prefix's engine for the least busy one when that runs this many fewer dispatches
+    # kv_affinity: admit a new trajectory only while the engine's live trajectories, grown to
+    # their expected final length (scheduler.growth), and it fit this fraction of the KV
+    admit_projected_fraction: float | None = 1.6
     move_free_fraction: float = 0.25  # kv_affinity: leave the prefix's engine only for one
     # this empty after placing (or once the dispatch has been passed max_bypass times)
 
@@ -86,6 +89,7 @@ class EngineState:
     max_running: int | None = None  # the engine's own batch limit (vLLM's max_num_seqs)
     # kv_affinity: prefixes held here by trajectories now waiting to be placed
     waiting_holds: dict[str, int] = field(default_factory=dict)
+    projected_tokens: float = 0.0  # kv_affinity: its live trajectories at expected final length
     down: bool = False  # failed: takes no dispatch until it is up again
 
     @property
@@ -114,6 +118,7 @@ class TrajectoryState:
     reserved: int = 0
     turn_generated: int = 0  # tokens generated so far in the current turn (over segments)
     bypassed: int = 0
+    projected: float = 0.0  # its share of its home's projected_tokens
 
     @property
     def remaining_tokens(self) -> int:

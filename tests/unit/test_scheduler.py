@@ -17,6 +17,7 @@ from scheduler.core import (
     SchedulerError,
     SchedulerSettings,
 )
+from scheduler.growth import GrowthModel
 
 
 def _sched(policy: Policy, caps: list[int], **kw: int | float) -> Scheduler:
@@ -459,3 +460,39 @@ def test_a_turn_blocked_at_home_runs_once_the_cluster_is_idle_after_faults() -> 
     cluster."""
     jobs = [(22, [241]), (126, [241, 1, 221]), (1, [1, 151])]
     _drive("kv_affinity", [800, 800], jobs, seed=75, fault_rate=0.05)
+
+
+def test_growth_model_expects_the_mean_length_beyond_what_was_generated() -> None:
+    model = GrowthModel(window=4, min_observed=2)
+    assert not model.ready and model.expected_total(7) == 7.0
+    for n in (100, 200, 300):
+        model.observe(n)
+    assert model.ready
+    assert model.expected_total(0) == 200.0  # all three
+    assert model.expected_total(150) == 250.0  # the two beyond 150
+    assert model.expected_total(300) == 300.0  # nothing observed beyond: no growth expected
+    model.observe(400)
+    model.observe(1000)  # the window keeps 4: 100 leaves
+    assert model.expected_total(0) == (200 + 300 + 400 + 1000) / 4
+    assert model.expected_total(350) == 700.0
+
+
+def test_kv_affinity_admits_new_trajectories_only_while_expected_growth_fits() -> None:
+    """Finished trajectories grew 1,000 tokens, so each new one is expected to reach 1,100: two
+    fit 1.6 x 2,000 = 3,200 on the engine, a third does not, though its first segment's
+    reservation (356 tokens) would; with the projection off all four are admitted."""
+
+    def sched(fraction: float | None) -> Scheduler:
+        s = _sched(
+            "kv_affinity",
+            [2_000],
+            initial_segment_tokens=100,
+            admit_projected_fraction=fraction,
+        )
+        s._growth = GrowthModel(min_observed=1)
+        s._growth.observe(1_000)
+        _submit(s, 4, prompt=100, budget=1_500)
+        return s
+
+    assert [a.traj_id for a in sched(1.6).schedule()] == ["t0", "t1"]
+    assert len(sched(None).schedule()) == 4

@@ -157,8 +157,8 @@ async def replay(
 def _computed_prefill(stats: Any) -> int:
     """Prefill tokens an engine computed so far (its prefix-cache queries minus hits, the
     re-admissions of preempted requests included)."""
-    queries = getattr(stats, "prefix_cache_queries_tokens", None) or 0
-    hits = getattr(stats, "prefix_cache_hits_tokens", None) or 0
+    queries = stats.prefix_queries_tokens or 0
+    hits = stats.prefix_hits_tokens or 0
     return int(queries - hits)
 
 

@@ -51,6 +51,10 @@ class KVStats:
     # engine steps so far, monotonic: the dispatcher's progress marker for hung-engine detection
     # (None: the engine does not count them, and is not watched)
     steps: int | None = None
+    # prefix cache, cumulative since the engine started: prompt tokens looked up, and how many
+    # of them were found cached (preempted requests' re-admissions included); None: unknown
+    prefix_queries_tokens: int | None = None
+    prefix_hits_tokens: int | None = None
 
 
 class Generator(Protocol):

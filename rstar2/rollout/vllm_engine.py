@@ -64,6 +64,8 @@ class _EngineStats:
         self.latest: Any = None
         self.preemptions = 0
         self.steps = 0  # scheduler stats received: one per engine-core step that did work
+        self.prefix_queries = 0  # prefix-cache lookups, in tokens (each step's stats are a delta)
+        self.prefix_hits = 0
 
 
 class _StatsTap:
@@ -76,6 +78,10 @@ class _StatsTap:
         if scheduler_stats is not None:
             self.stats.latest = scheduler_stats
             self.stats.steps += 1
+            cache = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if cache is not None:
+                self.stats.prefix_queries += int(cache.queries) + int(cache.preempted_queries)
+                self.stats.prefix_hits += int(cache.hits) + int(cache.preempted_hits)
         if iteration_stats is not None:
             self.stats.preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
 
@@ -240,7 +246,14 @@ class VLLMEngine:
         if stats is None:  # no step yet; steps counts from 0, so a first step that never
             # comes is a stall too
             return KVStats(
-                self.capacity_tokens, 0, 0, 0, self._stats.preemptions, steps=self._stats.steps
+                self.capacity_tokens,
+                0,
+                0,
+                0,
+                self._stats.preemptions,
+                steps=self._stats.steps,
+                prefix_queries_tokens=0,
+                prefix_hits_tokens=0,
             )
         return KVStats(
             capacity_tokens=self.capacity_tokens,
@@ -249,6 +262,8 @@ class VLLMEngine:
             num_waiting=int(stats.num_waiting_reqs),
             num_preemptions=int(self._stats.preemptions),
             steps=self._stats.steps,
+            prefix_queries_tokens=self._stats.prefix_queries,
+            prefix_hits_tokens=self._stats.prefix_hits,
         )
 
     async def begin_weight_update(self) -> None:

@@ -466,6 +466,14 @@ class ClusterConfig(_Section):
 class LoggingConfig(_Section):
     tensorboard: bool = Field(False, description="Also write TensorBoard event files.")
     wandb_project: str | None = Field(None, description="Weights & Biases project; None: off.")
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Serve live rollout metrics (per-engine KV use, waiting turns, migrations, "
+        "preemptions, prefix-cache tokens) for Prometheus at http://HOST:PORT/metrics on every "
+        "interface; 0: a free port, printed at start; None: off.",
+    )
 
 
 class Config(_Section):

@@ -10,7 +10,10 @@ Every generation turn of every trajectory goes through it::
 reports back. When the scheduler caps a dispatch below the turn's token budget (``kv_affinity``
 segments), a turn that reaches the cap continues in a further dispatch and the pieces come
 back as one :class:`~rstar2.rollout.engine.Generation`, so the agent loop never sees segments.
-Live KV stats are polled from every engine and fed to the scheduler.
+Live KV stats are polled from every engine and fed to the scheduler; each poll also feeds
+``metrics`` (:class:`~rstar2.rollout.sched_metrics.SchedMetrics`: KV use, waiting turns,
+migrations, preemptions, prefix-cache hits), read per window by :meth:`Dispatcher.take_metrics`
+and live by the Prometheus endpoint.
 
 Engine failure: a request that raises :class:`~rstar2.rollout.engine.EngineDown` marks its
 engine down in the scheduler and runs again, on another engine, from the trajectory's committed
@@ -40,6 +43,7 @@ from typing import Any
 from rstar2.agent.loop import AgentSettings, Observer, Sandbox, Trajectory, run_trajectory
 from rstar2.agent.template import ChatTemplate
 from rstar2.rollout.engine import Engine, EngineDown, Generation, KVStats, SamplingSettings
+from rstar2.rollout.sched_metrics import SchedMetrics, SchedSample, sample
 from scheduler.core import Assignment, Scheduler, SchedulerSettings
 
 _SEGMENT_SEED_STRIDE = 1_000_003  # continuation segments must not replay the first's randomness
@@ -98,6 +102,7 @@ class Dispatcher:
         self._marks = [(-1, now)] * len(self.engines)  # (progress marker, since when)
         self._stalled = [asyncio.Event() for _ in self.engines]
         self.on_engine_down: Callable[[int], None] | None = None  # e.g. a background restart
+        self.metrics = SchedMetrics(len(self.engines))
 
     async def __aenter__(self) -> Dispatcher:
         self.start()
@@ -250,9 +255,10 @@ class Dispatcher:
             reason = f"no progress for {idle_s:.1f} s with {state.in_flight} request(s) in flight"
             self.engine_failed(engine_id, EngineDown(reason), last_stops=False)
 
-    def _refresh(self, engine_id: int) -> None:
+    def _refresh(self, engine_id: int) -> KVStats | None:
+        """Feed the engine's live stats to the scheduler; returns them (None: it is down)."""
         if self.scheduler.engines[engine_id].down:
-            return
+            return None
         stats = self.engines[engine_id].kv_stats()
         self._watch_progress(engine_id, stats)
         self.scheduler.update_engine(
@@ -263,13 +269,28 @@ class Dispatcher:
             preemptions=stats.num_preemptions,
             capacity_tokens=stats.capacity_tokens or None,
         )
+        return stats
 
     async def _poll_stats(self) -> None:
         while True:
-            for i in range(len(self.engines)):
-                self._refresh(i)
+            stats = [self._refresh(i) for i in range(len(self.engines))]
             self._pump()
+            self.metrics.observe(self._sample(stats))
             await asyncio.sleep(self.stats_interval_s)
+
+    def _sample(self, stats: Sequence[KVStats | None]) -> SchedSample:
+        # turns that asked for an engine and wait for it (O(1), where the scheduler's
+        # num_waiting walks every live trajectory: this runs at every poll)
+        return sample(self.scheduler, stats, waiting_turns=len(self._waiters))
+
+    def take_metrics(self) -> dict[str, float]:
+        """The ``sched/*`` metrics since the last call (the first: since the dispatcher
+        started), closed by a sample taken now; the next window starts here."""
+        stats = [
+            None if s.down else e.kv_stats()
+            for e, s in zip(self.engines, self.scheduler.engines, strict=True)
+        ]
+        return self.metrics.take(self._sample(stats))
 
     def engine_stats(self) -> list[KVStats]:
         return [e.kv_stats() for e in self.engines]

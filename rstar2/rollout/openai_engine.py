@@ -4,8 +4,9 @@ Prompts are sent as token ids to ``/v1/completions`` and sampled ids come back a
 ``token_id:N`` strings with their log-probs (``return_tokens_as_token_ids``), so nothing is
 re-tokenised. KV usage and queue lengths are read from the server's Prometheus ``/metrics``
 (``vllm:kv_cache_usage_perc``, ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
-``vllm:num_preemptions_total``); capacity from ``vllm:cache_config_info``. Weight updates go
-through the dev-mode ``/collective_rpc`` endpoint (server started with
+``vllm:num_preemptions_total``, and ``vllm:prefix_cache_queries_total`` / ``_hits_total``, which
+leave out preempted requests' re-admissions); capacity from ``vllm:cache_config_info``.
+Weight updates go through the dev-mode ``/collective_rpc`` endpoint (server started with
 ``VLLM_SERVER_DEV_MODE=1`` and the rstar2 worker extension).
 """
 
@@ -109,6 +110,8 @@ class OpenAIServerEngine:
             num_running=int(values.get("vllm:num_requests_running", 0)),
             num_waiting=int(values.get("vllm:num_requests_waiting", 0)),
             num_preemptions=int(values.get("vllm:num_preemptions_total", 0)),
+            prefix_queries_tokens=_count(values, "vllm:prefix_cache_queries_total"),
+            prefix_hits_tokens=_count(values, "vllm:prefix_cache_hits_total"),
         )
         return self._kv
 
@@ -138,6 +141,11 @@ class OpenAIServerEngine:
         """Drop the server's prefix cache: its KV was computed by the old weights."""
         async with self._http().post(f"{self.url}/reset_prefix_cache") as resp:
             resp.raise_for_status()
+
+
+def _count(values: dict[str, float], name: str) -> int | None:
+    """A counter's value, None when the server does not export it."""
+    return int(values[name]) if name in values else None
 
 
 def _label(labels: str, key: str) -> str | None:

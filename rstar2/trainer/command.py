@@ -46,5 +46,4 @@ async def run_train(
         finally:
             signal.signal(signal.SIGTERM, previous)
             signal.signal(signal.SIGUSR2, previous_usr2)
-            if trainer.sinks is not None:
-                trainer.sinks.close()
+            trainer.close()

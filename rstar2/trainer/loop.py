@@ -9,7 +9,8 @@
 Run folder: ``config.json`` (resolved), ``sft/`` (when ``sft.data`` is set), ``metrics.jsonl``
 (one object per RL step, plus eval lines), ``eval/step_N/<dataset>/report.{json,md}``,
 ``checkpoints/step_N/`` (learner state + ``trainer.json``), ``model/`` (the final policy as an
-HF folder), ``curves.png`` and ``summary.json``.
+HF folder), ``curves.png`` and ``summary.json``. With ``logging.metrics_port`` the rollout
+metrics are also served live for Prometheus, from ``prepare`` until :meth:`Trainer.close`.
 
 Where the next step's rollouts come from and how old they may be is :mod:`rstar2.trainer.ahead`'s;
 how weights reach the engines is the services' weight sync (:mod:`rstar2.sync`).
@@ -30,10 +31,11 @@ import asyncio
 import contextlib
 import copy
 import json
+import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rstar2 import failpoints, recipe
 from rstar2.agent.template import ChatTemplate
@@ -51,7 +53,15 @@ from rstar2.trainer.records import StepClock, step_record, summary_line
 from rstar2.trainer.sinks import MetricSinks
 from rstar2.trainer.source import RolloutSource
 from rstar2.trainer.stopping import Stopped, StopRequest
-from rstar2.trainer.wiring import check_supported, learner_settings, services_spec
+from rstar2.trainer.wiring import (
+    check_supported,
+    learner_settings,
+    metrics_endpoint,
+    services_spec,
+)
+
+if TYPE_CHECKING:
+    from rstar2.rollout.prometheus import MetricsEndpoint
 
 
 class Trainer:
@@ -72,6 +82,7 @@ class Trainer:
         self.policy_path = cfg.model.path
         self.state = st.TrainerState()
         self.sinks: MetricSinks | None = None
+        self.endpoint: MetricsEndpoint | None = None
         self._stop = StopRequest()
         self.checkpointer = Checkpointer(run_dir, cfg.checkpoint.keep_last)
 
@@ -82,6 +93,10 @@ class Trainer:
         from transformers import AutoTokenizer
 
         check_supported(self.cfg)
+        self.endpoint = metrics_endpoint(self.cfg)  # before SFT: a busy port fails at once
+        if self.endpoint is not None:
+            url = f"http://{socket.gethostname()}:{self.endpoint.port}/metrics"
+            self._say(f"metrics: Prometheus endpoint at {url}")
         self.policy_path = recipe.initial_policy(
             self.cfg,
             self.run_dir,
@@ -154,6 +169,8 @@ class Trainer:
         spec = services_spec(self.cfg, self.policy_path)
         async with self.runtime.services(spec, self.learner) as services:
             self.source.services = services
+            if self.endpoint is not None:
+                self.endpoint.watch(services.dispatcher.metrics)
             where = self.runtime.placement.describe_engines(services.engines)
             if where:
                 self._say(f"engines: {where}")
@@ -164,6 +181,8 @@ class Trainer:
             finally:
                 await self.ahead.cancel()
                 self.source.services = None
+                if self.endpoint is not None:
+                    self.endpoint.watch(None)
 
     # ---- the loop ----
 
@@ -278,6 +297,7 @@ class Trainer:
             clock=clock,
             staleness=(batch.weight_version, staleness),
             synced=synced,
+            scheduling=self.source.scheduling.pop(step, None),
         )
         self._log(record)
         self._say(summary_line(record, sum(s.num_steps for s in cfg.stages)))
@@ -341,6 +361,15 @@ class Trainer:
         return self.checkpointer.save(self.learner, self.state, self.rng, self.ahead.save)
 
     # ---- output ----
+
+    def close(self) -> None:
+        """Close the metric sinks and the Prometheus endpoint (idempotent)."""
+        sinks, self.sinks = self.sinks, None
+        if sinks is not None:
+            sinks.close()
+        endpoint, self.endpoint = self.endpoint, None
+        if endpoint is not None:
+            endpoint.close()
 
     def _log(self, record: dict[str, Any]) -> None:
         with open(self.run_dir / METRICS, "a") as fh:

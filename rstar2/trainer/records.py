@@ -43,9 +43,11 @@ def step_record(
     clock: StepClock,
     staleness: tuple[int, int] = (0, 0),
     synced: SyncStats | None = None,
+    scheduling: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """``staleness``: the weight version (learner steps) that generated the rollouts, and how
-    many updates behind the learner's weights they were when it learned from them."""
+    many updates behind the learner's weights they were when it learned from them;
+    ``scheduling``: the dispatcher's ``sched/*`` metrics over the step's rollouts."""
     rollouts = [r for g in groups for r in g]
     total_tokens = sum(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
     sampled = sum(sum(r.trajectory.loss_mask) for r in rollouts)
@@ -61,6 +63,7 @@ def step_record(
         "updated": bool(selected.sequences),
         "rollout/weight_version": staleness[0],
         "rollout/staleness_steps": staleness[1],
+        **(scheduling or {}),
         **(synced.metrics() if synced is not None else {}),
         "time_rollout_s": time_rollout,
         "time_generate_s": sum(r.trajectory.time_generate_s for r in rollouts),

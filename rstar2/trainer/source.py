@@ -4,14 +4,17 @@ recorded when asked), or replayed from a recording (``rstar2 train --replay-roll
 Guarantees: a step's groups are the same objects whichever way they come, so a replayed run
 feeds the learner exactly what the recorded run did; a stage's hard subset is recorded and
 replayed with its steps; generation stops (:class:`~rstar2.trainer.stopping.Stopped`) when a
-stop is requested, with nothing of the step kept.
+stop is requested, with nothing of the step kept. A generated step's scheduler metrics
+(``sched/*``: the dispatcher's window over exactly that step's rollouts, not the evaluations
+or hard-subset rollouts around it) wait in ``scheduling`` for the step's record; a replayed
+step has none.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rstar2.agent.loop import AgentSettings, Trajectory
@@ -39,6 +42,7 @@ class RolloutSource:
     replay_dir: Path | None = None
     quiet: bool = False
     services: Services | None = None
+    scheduling: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> sched/*
 
     @property
     def replaying(self) -> bool:
@@ -51,7 +55,11 @@ class RolloutSource:
         if self.replay_dir is not None:
             return load_rollouts(self.replay_dir, step)
         n = self.cfg.rollout.num_samples_per_prompt
+        assert self.services is not None, "generation needs the run's services open"
+        dispatcher = self.services.dispatcher
+        dispatcher.take_metrics()  # what ran before (an evaluation) is not this step's
         groups = await self.generate(problems, stage, n, step=step, desc=f"step {step}")
+        self.scheduling[step] = dispatcher.take_metrics()
         if self.save_dir is not None:
             save_rollouts(self.save_dir, step, groups)
         return groups

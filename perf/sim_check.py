@@ -100,13 +100,20 @@ def check_trace(n: int, budget: int, latencies: list[float], seed: int) -> list[
 
 
 async def replay(
-    engines: list[Any], rows: list[TraceRow], s: SimSettings, policy: Policy, vocab: int
+    engines: list[Any],
+    rows: list[TraceRow],
+    s: SimSettings,
+    policy: Policy,
+    vocab: int,
+    seed: int,
 ) -> dict[str, Any]:
-    """The trace through ``engines`` under ``policy``: makespan, preemptions, recomputed."""
+    """The trace through ``engines`` under ``policy``: makespan, preemptions, recomputed.
+    ``seed`` picks the token ids: each replay's own, so none finds an earlier one's prefixes
+    in the engines' caches (a rollout after a weight sync starts with them empty too)."""
     from rstar2.rollout.dispatch import Dispatcher
     from rstar2.rollout.engine import SamplingSettings
 
-    rng = random.Random(1)
+    rng = random.Random(seed)
     before = [e.kv_stats() for e in engines]
     fresh = 0  # prefill tokens no earlier request had computed
 
@@ -278,9 +285,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             policies: list[Policy] = list(POLICIES) if args.policies == "all" else args.policies
             real: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
             order_rng = random.Random(args.seed)
+            replays = 0
             for r in range(args.rounds):
                 for policy in order_rng.sample(policies, len(policies)):
-                    got = await replay(engines, rows, s, policy, vocab)
+                    replays += 1
+                    got = await replay(engines, rows, s, policy, vocab, seed=1000 + replays)
                     real[policy].append(got)
                     print(f"round {r + 1} {policy}: {got['makespan_s']:.1f} s", flush=True)
         finally:

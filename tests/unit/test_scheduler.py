@@ -20,7 +20,7 @@ from scheduler.core import (
 from scheduler.growth import GrowthModel
 
 
-def _sched(policy: Policy, caps: list[int], **kw: int | float) -> Scheduler:
+def _sched(policy: Policy, caps: list[int], **kw: int | float | None) -> Scheduler:
     return Scheduler(caps, SchedulerSettings(policy=policy, **kw))  # type: ignore[arg-type]
 
 
@@ -392,17 +392,18 @@ def _caps(min_engines: int) -> st.SearchStrategy[list[int]]:
     return st.lists(st.integers(800, 3000), min_size=min_engines, max_size=4)
 
 
-_GAPS = st.sampled_from([None, 1, 2, 16])  # kv_affinity's tail balancing: off, eager, default
+# the drives' draws besides the engines; balance_gap: kv_affinity's tail balancing off, eager,
+# and at its default
+_DRAWS = {
+    "policy": st.sampled_from(POLICIES),
+    "jobs": _JOBS,
+    "seed": st.integers(0, 1000),
+    "gap": st.sampled_from([None, 1, 2, 16]),
+}
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    policy=st.sampled_from(POLICIES),
-    caps=_caps(1),
-    jobs=_JOBS,
-    seed=st.integers(0, 1000),
-    gap=_GAPS,
-)
+@given(caps=_caps(1), **_DRAWS)
 def test_invariants_hold_and_every_trajectory_finishes(
     policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int, gap: int | None
 ) -> None:
@@ -410,13 +411,7 @@ def test_invariants_hold_and_every_trajectory_finishes(
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    policy=st.sampled_from(POLICIES),
-    caps=_caps(2),
-    jobs=_JOBS,
-    seed=st.integers(0, 1000),
-    gap=_GAPS,
-)
+@given(caps=_caps(2), **_DRAWS)
 def test_engines_failing_and_coming_back_keep_the_invariants(
     policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int, gap: int | None
 ) -> None:

@@ -150,8 +150,8 @@ def test_kv_affinity_stays_home_and_moves_only_to_a_clearly_freer_engine() -> No
 
 
 def _three_on_engine_0(**kw: int | float | None) -> Scheduler:
-    """Two engines; u0-u2 placed on engine 0 (engine 1 looked full then); u0's next turn ready."""
-    s = _sched("kv_affinity", [2000, 2000], initial_segment_tokens=100, **kw)  # type: ignore[arg-type]
+    """Two engines; t0-t2 placed on engine 0 (engine 1 looked full then); t0's next turn ready."""
+    s = _sched("kv_affinity", [2000, 2000], initial_segment_tokens=100, **kw)
     s.update_engine(1, used_tokens=2000, running=1, waiting=0, preemptions=0)  # another client
     _submit(s, 3, prompt=100)
     assert {a.engine_id for a in s.schedule()} == {0}

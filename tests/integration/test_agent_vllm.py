@@ -190,10 +190,11 @@ def _chat(*args: str, timeout: float = 240) -> str:
 async def test_ignore_eos_generates_exactly_max_tokens_and_the_engine_cost_fits(
     engine, model_dir, template
 ):
-    """perf.engine_cost's premise (exact lengths) and its fit on this engine."""
+    """perf.engine_cost's premise (exact lengths), its fit on this engine, and its refusal of
+    batches the engine's KV cannot hold (they would queue, and the wait read as step cost)."""
     import json
 
-    from perf.engine_cost import _measure, _parser
+    from perf.engine_cost import _parser, measure
 
     prompt = prompt_for(template, SCRIPTS[0].problem)
     stops = await engine.generate(prompt, SamplingSettings(max_tokens=300, temperature=0.0))
@@ -211,7 +212,7 @@ async def test_ignore_eos_generates_exactly_max_tokens_and_the_engine_cost_fits(
     }
     args = _parser().parse_args([x for k, v in flags.items() for x in (k, *v)])
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    measured = await _measure(engine, vocab, args)
+    measured = await measure(engine, vocab, args)
     cost = measured["cost"]
     assert all(v > 0 for v in cost.values())
     steps = measured["raw"]["decode_step_s_by_batch"]
@@ -220,6 +221,9 @@ async def test_ignore_eos_generates_exactly_max_tokens_and_the_engine_cost_fits(
     for b, t in steps.items():
         fitted = cost["step_base_s"] + cost["per_decode_token_s"] * int(b)
         assert fitted == pytest.approx(t, rel=0.5)
+    args.kv_batch = 2 * engine.kv_stats().capacity_tokens // args.kv_context
+    with pytest.raises(ValueError, match="KV holds"):
+        await measure(engine, vocab, args)
 
 
 def test_chat_in_process(model_dir):

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from perf.record import commit, hardware
+from rstar2.rollout.engine import KVStats
 from scheduler.core import POLICIES, Policy, SchedulerSettings
 from scheduler.sim import PlannedTurn, SimSettings, StepCostModel, plan_turns, simulate
 from scheduler.trace import TraceRow, TraceTurn
@@ -161,7 +162,7 @@ async def replay(
     }
 
 
-def _computed_prefill(stats: Any) -> int:
+def _computed_prefill(stats: KVStats) -> int:
     """Prefill tokens an engine computed so far (its prefix-cache queries minus hits, the
     re-admissions of preempted requests included)."""
     queries = stats.prefix_queries_tokens or 0
@@ -204,16 +205,15 @@ async def _engines(args: argparse.Namespace, model: Path) -> list[Any]:
         num_gpu_blocks_override=args.blocks + 1,  # vLLM keeps one aside
     )
     engines = []
-    cores = os.cpu_count() or 1
+    bind = (os.cpu_count() or 1) >= 2 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
     for i in range(2):
-        if cores >= 2 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(i % cores)
-            try:
-                engines.append(await VLLMEngine.create(config))
-            finally:
-                del os.environ["VLLM_CPU_OMP_THREADS_BIND"]
-        else:
+        if bind:  # read when the engine core starts: engine i on core i
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(i)
+        try:
             engines.append(await VLLMEngine.create(config))
+        finally:
+            if bind:
+                del os.environ["VLLM_CPU_OMP_THREADS_BIND"]
     return engines
 
 

@@ -12,7 +12,9 @@ from scheduler.state import (
     Assignment,
     EngineState,
     TrajectoryState,
+    batch_full,
     free_besides,
+    kv_free_besides,
 )
 
 
@@ -238,7 +240,4 @@ class AffinityPlacement(SchedulerBase):
 def _only_batch_full(engine: EngineState, own_tokens: int, need: int) -> bool:
     """The engine has the KV for ``need`` but runs its most requests: a slot frees as soon as
     any of them ends, so waiting there beats re-prefilling the prefix elsewhere."""
-    if engine.down or engine.max_running is None or engine.in_flight < engine.max_running:
-        return False
-    taken = max(engine.reserved_tokens - own_tokens, engine.reported_used_tokens)
-    return engine.capacity_tokens - taken >= need
+    return not engine.down and batch_full(engine) and kv_free_besides(engine, own_tokens) >= need

@@ -136,9 +136,21 @@ class SchedulerStats:
     per_engine_dispatches: dict[int, int] = field(default_factory=dict)
 
 
-def free_besides(engine: EngineState, own_tokens: int) -> int:
-    """Free KV on ``engine`` for a trajectory that already holds ``own_tokens`` there."""
-    if engine.down or (engine.max_running is not None and engine.in_flight >= engine.max_running):
-        return -1
+def batch_full(engine: EngineState) -> bool:
+    """The engine runs its most requests (vLLM's max_num_seqs)."""
+    return engine.max_running is not None and engine.in_flight >= engine.max_running
+
+
+def kv_free_besides(engine: EngineState, own_tokens: int) -> int:
+    """KV on ``engine`` not taken, for a trajectory that holds ``own_tokens`` there (whether
+    the engine is up or has a batch slot aside)."""
     taken = max(engine.reserved_tokens - own_tokens, engine.reported_used_tokens)
     return engine.capacity_tokens - taken
+
+
+def free_besides(engine: EngineState, own_tokens: int) -> int:
+    """Free KV on ``engine`` for a trajectory that already holds ``own_tokens`` there; -1 while
+    it is down or runs its most requests."""
+    if engine.down or batch_full(engine):
+        return -1
+    return kv_free_besides(engine, own_tokens)

@@ -6,12 +6,17 @@ re-tokenised. KV usage and queue lengths are read from the server's Prometheus `
 (``vllm:kv_cache_usage_perc``, ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
 ``vllm:num_preemptions_total``, and ``vllm:prefix_cache_queries_total`` / ``_hits_total``, which
 leave out preempted requests' re-admissions); capacity from ``vllm:cache_config_info``.
+:meth:`OpenAIServerEngine.create` reads them once before the scheduler is built (it needs the
+capacity), then keeps them fresh in a background task (the dispatcher reads ``kv_stats()``
+without awaiting).
 Weight updates go through the dev-mode ``/collective_rpc`` endpoint (server started with
 ``VLLM_SERVER_DEV_MODE=1`` and the rstar2 worker extension).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import tempfile
@@ -23,6 +28,7 @@ import aiohttp
 
 from rstar2.rollout.engine import EngineDown, FinishReason, Generation, KVStats, SamplingSettings
 
+_METRICS_TIMEOUT_S = 10.0  # one /metrics read; a server that takes longer keeps its last stats
 _METRIC = re.compile(r"^(vllm:[a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", re.MULTILINE)
 
 
@@ -34,7 +40,14 @@ class OpenAIServerConfig:
     model: str
 
 
+class ServerUnreachable(Exception):
+    """No vLLM server answers /metrics at the URL, or it reports no KV cache."""
+
+
 class OpenAIServerEngine:
+    """Built by :meth:`create` for a rollout (stats read and kept fresh); constructed directly,
+    ``kv_stats()`` stays at zero until :meth:`refresh_kv_stats` is awaited."""
+
     def __init__(self, url: str, model: str, *, timeout_s: float = 600.0) -> None:
         self.url = url.rstrip("/")
         self.model = model
@@ -42,12 +55,61 @@ class OpenAIServerEngine:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._kv = KVStats(0, 0, 0, 0)
         self._block_size = 16  # vLLM's default, until /metrics says (refresh_kv_stats)
+        self._refresher: asyncio.Task[None] | None = None
+        self.stats_failures = 0  # background reads that failed (the last stats were kept)
+
+    @classmethod
+    async def create(
+        cls,
+        url: str,
+        model: str,
+        *,
+        tasks: asyncio.TaskGroup | None = None,
+        stats_interval_s: float = 0.25,
+        timeout_s: float = 600.0,
+    ) -> OpenAIServerEngine:
+        """The engine with its KV capacity and block size read from the server, and a task
+        (in ``tasks``, else the running loop; stopped by :meth:`aclose`) that reads the stats
+        again every ``stats_interval_s``. :class:`ServerUnreachable` when the first read
+        fails or the server reports no KV capacity."""
+        engine = cls(url, model, timeout_s=timeout_s)
+        try:
+            stats = await engine.refresh_kv_stats()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            await engine.aclose()
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise ServerUnreachable(f"no vLLM server answers at {engine.url} ({reason})") from None
+        if stats.capacity_tokens <= 0:
+            await engine.aclose()
+            raise ServerUnreachable(
+                f"the server at {engine.url} reports no KV cache capacity "
+                "(vllm:cache_config_info on /metrics): is it a vLLM server?"
+            )
+        spawn = tasks.create_task if tasks else asyncio.get_running_loop().create_task
+        engine._refresher = spawn(engine._keep_fresh(stats_interval_s))
+        return engine
+
+    async def _keep_fresh(self, interval_s: float) -> None:
+        """Read /metrics every ``interval_s``; a failed read keeps the last stats (a server
+        that went away shows in its next request, which raises EngineDown)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.refresh_kv_stats()
+            except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+                self.stats_failures += 1
 
     @property
     def block_size(self) -> int:
         return self._block_size
 
     async def aclose(self) -> None:
+        """Stop the stats task and the HTTP session (idempotent)."""
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+            self._refresher = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -92,7 +154,9 @@ class OpenAIServerEngine:
 
     async def refresh_kv_stats(self) -> KVStats:
         """Read the server's /metrics; :meth:`kv_stats` returns the last reading."""
-        async with self._http().get(f"{self.url}/metrics") as resp:
+        timeout = aiohttp.ClientTimeout(total=_METRICS_TIMEOUT_S)
+        async with self._http().get(f"{self.url}/metrics", timeout=timeout) as resp:
+            resp.raise_for_status()
             text = await resp.text()
         values: dict[str, float] = {}
         labels: dict[str, str] = {}

@@ -317,10 +317,17 @@ class Runtime:
     async def _start_engine(
         self, spec: VLLMEngineConfig | OpenAIServerConfig, tasks: asyncio.TaskGroup
     ) -> Engine:
-        from rstar2.rollout.openai_engine import OpenAIServerConfig, OpenAIServerEngine
+        from rstar2.rollout.openai_engine import (
+            OpenAIServerConfig,
+            OpenAIServerEngine,
+            ServerUnreachable,
+        )
 
         if isinstance(spec, OpenAIServerConfig):
-            return OpenAIServerEngine(spec.url, spec.model)
+            try:
+                return await OpenAIServerEngine.create(spec.url, spec.model, tasks=tasks)
+            except ServerUnreachable as exc:  # a wrong URL is the user's, not a crash
+                raise ConfigError("--server", str(exc)) from None
         return await self.placement.start_engine(spec, tasks)
 
     async def _start_sandbox(

@@ -10,8 +10,12 @@ conversations greedily, on the real tool responses the sandbox gives (execution 
 
 from __future__ import annotations
 
+import json
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from rstar2.agent.template import ChatTemplate
 from rstar2.agent.tools import tool_schema, truncate
@@ -58,6 +62,31 @@ SCRIPTS = (
     ),
 )
 TIMES = ("0.00", "0.01", "0.02", "0.03")
+ANSWERS = ("42", "5, 10", "0")  # the reference answer of each script's problem
+
+
+def write_eval_dataset(path: Path) -> Path:
+    """The three problems with their answers, as an ``rstar2 eval --dataset`` JSONL file."""
+    pairs = zip(SCRIPTS, ANSWERS, strict=True)
+    rows = (json.dumps({"problem": s.problem, "answer": a}) for s, a in pairs)
+    path.write_text("".join(row + "\n" for row in rows))
+    return path
+
+
+def check_script_report(proc: subprocess.CompletedProcess[str], out: Path) -> None:
+    """What ``rstar2 eval --n 2 --temperature 0`` of the tool model on its three problems
+    reports, whichever engine answered."""
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    s = report["summary"]
+    assert s["problems"] == 3 and s["samples_per_problem"] == 2
+    by_answer = {p["answer"]: p for p in report["problems"]}
+    assert by_answer["42"]["correct"] == 2 and by_answer["42"]["mean_tool_calls"] == 1.0
+    assert by_answer["5, 10"]["mean_tool_calls"] == 2.0
+    assert s["tool_error_ratio"] == pytest.approx(0.25)  # the malformed call, 1 of 4 per round
+    assert s["avg@2"] == pytest.approx(sum(p["accuracy"] for p in report["problems"]) / 3)
+    assert s["avg@2"] >= 2 / 3
+    assert "avg@2" in proc.stdout and (out / "report.md").read_text().count("\n| ") >= 6
 
 
 def corpus() -> list[str]:

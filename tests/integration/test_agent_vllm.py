@@ -337,3 +337,62 @@ async def test_server_engine_matches_the_in_process_engine(vllm_server, engine, 
         assert stats.capacity_tokens == 256 * engine.block_size and stats.num_running == 0
     finally:
         await server.aclose()
+
+
+async def test_server_engine_stats_feed_the_scheduler(vllm_server, sandbox, template):
+    """Built by ``create``, a served engine gives the scheduler the server's KV capacity
+    and keeps its stats fresh, so kv_affinity places on it and the ``sched/*`` window sees
+    its KV in use and its prefix-cache hits (the trajectories' second turns)."""
+    from rstar2.rollout.dispatch import Dispatcher, run_scheduled
+    from rstar2.rollout.openai_engine import OpenAIServerEngine
+    from scheduler.core import SchedulerSettings
+
+    server = await OpenAIServerEngine.create(vllm_server, "tool-model", stats_interval_s=0.05)
+    try:
+        capacity = 256 * server.block_size  # --num-gpu-blocks-override 256
+        assert server.kv_stats().capacity_tokens == capacity
+        settings = SchedulerSettings(policy="kv_affinity", block_size_tokens=server.block_size)
+        async with Dispatcher([server], settings, stats_interval_s=0.02) as dispatcher:
+            assert dispatcher.scheduler.engines[0].capacity_tokens == capacity
+            trajs = await asyncio.gather(
+                *(
+                    run_scheduled(
+                        dispatcher, sandbox, template, prompt_for(template, s.problem), GREEDY
+                    )
+                    for s in SCRIPTS[:2] * 4
+                )
+            )
+            window = dispatcher.take_metrics()
+        assert all(t.num_turns == 2 and t.num_tool_calls >= 1 for t in trajs)
+        assert 0.0 < window["sched/kv_used_ratio_max/engine0"] <= 1.0, window
+        assert 0.0 < window["sched/prefix_cache_hit_ratio"] <= 1.0, window
+        assert window["sched/dispatches"] >= 16 and server.stats_failures == 0, window
+    finally:
+        await server.aclose()
+    assert server._refresher is None
+
+
+def test_eval_against_an_openai_server(vllm_server, model_dir, tmp_path):
+    """``rstar2 eval --server``: the scheduler runs on the server's KV capacity (it used to
+    see 1 token and stop with a traceback), with the in-process engine's answers; a URL
+    where no server answers is one line and exit 2."""
+    import socket
+
+    from tests.conftest import run_cli
+    from tests.helpers.tool_model import check_script_report, write_eval_dataset
+
+    data = write_eval_dataset(tmp_path / "scripts.jsonl")
+    out = tmp_path / "report"
+    common = ("--served-model-name", "tool-model", "--tokenizer", str(model_dir), "--dataset",
+              str(data), "--n", "2", "--temperature", "0", "--max-tokens", "300",
+              "--max-turns", "3", "--max-model-len", "1024", "--quiet")  # fmt: skip
+    proc = run_cli("eval", "--server", vllm_server, *common, "--out", str(out), timeout=300)
+    check_script_report(proc, out)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{s.getsockname()[1]}"
+    gone = run_cli("eval", "--server", nobody, *common, "--out", str(tmp_path / "none"))
+    assert gone.returncode == 2, gone.stderr
+    refusal = f"rstar2: config error: --server: no vLLM server answers at {nobody} ("
+    assert gone.stderr.startswith(refusal), gone.stderr
+    assert gone.stderr.strip().count("\n") == 0 and not (tmp_path / "none").exists()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
 
 from rstar2.eval import ProblemResult, k_values, pass_at_k, render_markdown, summarize
 from tests.conftest import run_cli
-from tests.helpers.tool_model import SCRIPTS
+from tests.helpers.tool_model import check_script_report, write_eval_dataset
 
 
 def test_pass_at_k_is_the_unbiased_estimator() -> None:
@@ -48,14 +47,7 @@ def test_user_errors_are_one_line_exit_2(tool_model_dir: Path, tmp_path: Path) -
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
 def test_eval_of_the_tool_model_writes_reports(tool_model_dir: Path, tmp_path: Path) -> None:
-    data = tmp_path / "scripts.jsonl"
-    answers = ["42", "5, 10", "0"]
-    data.write_text(
-        "".join(
-            json.dumps({"problem": s.problem, "answer": a}) + "\n"
-            for s, a in zip(SCRIPTS, answers, strict=True)
-        )
-    )
+    data = write_eval_dataset(tmp_path / "scripts.jsonl")
     out = tmp_path / "report"
     proc = run_cli(
         "eval", "--model", str(tool_model_dir), "--dataset", str(data), "--n", "2",
@@ -63,17 +55,7 @@ def test_eval_of_the_tool_model_writes_reports(tool_model_dir: Path, tmp_path: P
         "--max-model-len", "1024", "--out", str(out), "--quiet",
         timeout=300,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads((out / "report.json").read_text())
-    s = report["summary"]
-    assert s["problems"] == 3 and s["samples_per_problem"] == 2
-    by_answer = {p["answer"]: p for p in report["problems"]}
-    assert by_answer["42"]["correct"] == 2 and by_answer["42"]["mean_tool_calls"] == 1.0
-    assert by_answer["5, 10"]["mean_tool_calls"] == 2.0
-    assert s["tool_error_ratio"] == pytest.approx(0.25)  # the malformed call, 1 of 4 per round
-    assert s["avg@2"] == pytest.approx(sum(p["accuracy"] for p in report["problems"]) / 3)
-    assert s["avg@2"] >= 2 / 3
-    assert "avg@2" in proc.stdout and (out / "report.md").read_text().count("\n| ") >= 6
+    check_script_report(proc, out)
 
 
 def test_engine_context_is_capped_at_the_models(tmp_path: Path) -> None:

@@ -80,6 +80,8 @@ class AffinityPlacement(SchedulerBase):
         closed = {e for e, head in blocked.items() if head.bypassed >= self.settings.max_bypass}
         held: TrajectoryState | None = None  # the oldest new trajectory that did not fit
         best_free = self._best_free(closed)
+        if not self._any_new_may_fit(best_free):
+            return out  # the scan below would reject each one it looks at
         while self._queue and len(out) < room:
             item = heapq.heappop(self._queue)
             traj = self._trajs.get(item[1])
@@ -108,6 +110,17 @@ class AffinityPlacement(SchedulerBase):
         for item in skipped:
             heapq.heappush(self._queue, item)
         return out
+
+    def _any_new_may_fit(self, best_free: float) -> bool:
+        """Some trajectory in ``_queue`` may pass :meth:`_place_new`'s cheap rejection
+        (``_need_kv_affinity(traj)[1] <= best_free``); False only when none can."""
+        segment = (
+            max(self._segment, self.settings.min_segment_tokens)
+            if self.settings.split_turns
+            else None
+        )
+        least = self._new_floor.least_need(segment)
+        return least is not None and self._blocks(least) <= best_free
 
     def _release_waiting_holds_for(self, head: TrajectoryState, engine: EngineState) -> bool:
         """Break a hold-and-wait cycle: when ``head``, the oldest waiting turn on ``engine``,

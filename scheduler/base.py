@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from scheduler.floor import QueueFloor
 from scheduler.growth import GrowthModel
 from scheduler.state import (
     ADMISSION_POLICIES,
@@ -48,6 +49,12 @@ class SchedulerBase:
         self._sorted_turns: list[int] = []  # the same values, ordered (for the quantile)
         self._segment = settings.initial_segment_tokens
         self._growth = GrowthModel()  # kv_affinity: final lengths of finished trajectories
+        self._new_floor = QueueFloor(self._may_be_new)  # kv_affinity: what _queue's least need
+
+    def _may_be_new(self, traj_id: str) -> bool:
+        """``traj_id`` may wait in ``_queue`` (kv_affinity queues only homeless dispatches)."""
+        traj = self._trajs.get(traj_id)
+        return traj is not None and traj.state == "waiting" and traj.home is None
 
     def _rescan_waiting(self) -> None:
         """Every engine with waiting turns is scanned again at the next :meth:`schedule`."""

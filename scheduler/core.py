@@ -328,6 +328,8 @@ class Scheduler(AffinityPlacement):
             self._dirty.add(traj.home)
         else:
             heapq.heappush(self._queue, (traj.seq, traj.traj_id))
+            if self.settings.policy == "kv_affinity":
+                self._new_floor.add(traj)
         if self.settings.policy == "kv_affinity" and traj.reserved and traj.home is not None:
             self.engines[traj.home].waiting_holds[traj.traj_id] = traj.reserved
 

@@ -300,12 +300,15 @@ def _drive(
     seed: int,
     fault_rate: float = 0.0,
     balance_gap: int | None = 16,
+    cls: type[Scheduler] = Scheduler,
+    log: list[Assignment] | None = None,
 ) -> Scheduler:
     """Run jobs (prompt, turn lengths) to completion with random event order; check invariants.
     ``fault_rate``: per event, the chance that an engine fails (its running dispatches are lost
-    and reported failed; never the last one up) or that a failed one comes back."""
+    and reported failed; never the last one up) or that a failed one comes back. ``log`` gets
+    every assignment in order."""
     rng = random.Random(seed)
-    s = Scheduler(
+    s = cls(
         caps,
         SchedulerSettings(
             policy=policy,
@@ -333,6 +336,8 @@ def _drive(
             if policy == "kv_affinity":
                 assert context[a.traj_id] + a.max_tokens <= a.reserved_tokens
             running[a.traj_id] = a
+            if log is not None:
+                log.append(a)
         if policy in ADMISSION_POLICIES:
             for e in s.engines:
                 assert 0 <= e.reserved_tokens <= e.capacity_tokens
@@ -416,6 +421,35 @@ def test_engines_failing_and_coming_back_keep_the_invariants(
     policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int, gap: int | None
 ) -> None:
     _drive(policy, caps, jobs, seed, fault_rate=0.05, balance_gap=gap)
+
+
+class _ScanAlways(Scheduler):
+    """kv_affinity without the queue floor: every pass scans the new-trajectory queue."""
+
+    def _any_new_may_fit(self, best_free: float) -> bool:
+        return True
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    caps=_caps(2),
+    jobs=_JOBS,
+    seed=st.integers(0, 1000),
+    fault_rate=st.sampled_from([0.0, 0.05]),
+    gap=st.sampled_from([None, 16]),
+)
+def test_kv_affinity_skips_the_new_queue_only_when_its_scan_would_place_nothing(
+    caps: list[int],
+    jobs: list[tuple[int, list[int]]],
+    seed: int,
+    fault_rate: float,
+    gap: int | None,
+) -> None:
+    fast: list[Assignment] = []
+    scanned: list[Assignment] = []
+    _drive("kv_affinity", caps, jobs, seed, fault_rate, gap, log=fast)
+    _drive("kv_affinity", caps, jobs, seed, fault_rate, gap, cls=_ScanAlways, log=scanned)
+    assert fast == scanned
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -13,7 +13,9 @@ prefix caching, context length) and times generations of exact lengths (``ignore
 
 - decode: ``b`` concurrent requests of a short prompt, each ``--decode-tokens`` long, for
   several ``b``; a step's time is the wall time over the steps. Its least-squares line over
-  ``b`` gives ``step_base_s`` (intercept) and ``per_decode_token_s`` (slope).
+  ``b`` gives ``step_base_s`` (intercept) and, less the KV each request reads per step (its
+  mean context, priced at ``per_kv_token_s``: the simulator prices that read apart),
+  ``per_decode_token_s`` (slope).
 - prefill: one request of ``L`` prompt tokens and one generated token, for several ``L``; the
   slope over ``L`` is ``per_token_s``.
 - KV reads: ``--kv-batch`` concurrent requests decoding after a short and after a long
@@ -103,16 +105,20 @@ async def measure(
     kv_long -= (b * (long_ctx - short_ctx) * per_token) / t
     per_kv = (kv_long - kv_short) / (b * (long_ctx - short_ctx))
     kv_floored = per_kv < KV_FLOOR_S
+    # each decode request read its context every step (16 prompt tokens, then 0..t-1 more)
+    decode_context = 16 + (t - 1) / 2
+    per_decode_own = per_decode - max(per_kv, 0.0) * decode_context
     return {
         "cost": {
             "step_base_s": max(base, KV_FLOOR_S),
             "per_token_s": max(per_token, KV_FLOOR_S),
             "per_kv_token_s": max(per_kv, KV_FLOOR_S),
-            "per_decode_token_s": max(per_decode, KV_FLOOR_S),
+            "per_decode_token_s": max(per_decode_own, KV_FLOOR_S),
         },
         "kv_floored": kv_floored,
         "raw": {
             "decode_step_s_by_batch": {str(k): v for k, v in decode.items()},
+            "decode_slope_s": per_decode,  # per request per step, its KV read included
             "prefill_s_by_tokens": {str(k): v for k, v in prefill.items()},
             "kv_step_s": {"short": kv_short, "long_minus_prefill": kv_long},
         },

@@ -218,9 +218,14 @@ async def test_ignore_eos_generates_exactly_max_tokens_and_the_engine_cost_fits(
     steps = measured["raw"]["decode_step_s_by_batch"]
     assert set(steps) == {"1", "4", "16"}
     # the fitted line passes near the points it was fitted to
+    slope = measured["raw"]["decode_slope_s"]
     for b, t in steps.items():
-        fitted = cost["step_base_s"] + cost["per_decode_token_s"] * int(b)
+        fitted = cost["step_base_s"] + slope * int(b)
         assert fitted == pytest.approx(t, rel=0.5)
+    # the decode token's own price leaves out its KV read (16 prompt tokens + 3.5 generated,
+    # on average over the 8 steps), which the simulator prices at per_kv_token_s
+    own = max(slope - cost["per_kv_token_s"] * (16 + 3.5), 1e-12)
+    assert cost["per_decode_token_s"] == pytest.approx(own, rel=1e-9)
     args.kv_batch = 2 * engine.kv_stats().capacity_tokens // args.kv_context
     with pytest.raises(ValueError, match="KV holds"):
         await measure(engine, vocab, args)

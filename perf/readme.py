@@ -47,6 +47,7 @@ def latest_runs(folder: Path = RESULTS) -> list[dict[str, Any]]:
     for gpu in (False, True):
         of_kind = [r for r in runs if bool(r.get("gpu")) == gpu]
         if of_kind:
+            # a day-only date (older runs) sorts before that day's timed ones
             chosen.append(max(of_kind, key=lambda r: (r["date"], r["_file"])))
     return chosen
 
@@ -59,7 +60,7 @@ def section(runs: list[dict[str, Any]]) -> str:
         command = "python -m perf run" + (" --gpu" if run.get("gpu") else "")
         lines += [
             "",
-            f"`{command}` at commit `{run['commit']}` on {where} ({run['date']}; "
+            f"`{command}` at commit `{run['commit']}` on {where} ({run['date'][:10]}; "
             f"`perf/results/{run['_file']}`):",
             "",
             "| figure | value | |",

@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         "hardware": hw,
         "versions": _versions(),
         "commit": measured,
-        "date": datetime.date.today().isoformat(),
+        # UTC, to the second: README's table takes the newest run, and a day has several
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "quick": args.quick,
         "gpu": args.gpu,
         "only": args.only,

@@ -107,7 +107,7 @@ async def measure(
     kv_floored = per_kv < KV_FLOOR_S
     # each decode request read its context every step (16 prompt tokens, then 0..t-1 more)
     decode_context = 16 + (t - 1) / 2
-    per_decode_own = per_decode - max(per_kv, 0.0) * decode_context
+    per_decode_own = per_decode - max(per_kv, KV_FLOOR_S) * decode_context
     return {
         "cost": {
             "step_base_s": max(base, KV_FLOOR_S),

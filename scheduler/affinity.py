@@ -120,7 +120,10 @@ class AffinityPlacement(SchedulerBase):
             else None
         )
         least = self._new_floor.least_need(segment)
-        return least is not None and self._blocks(least) <= best_free
+        if least is None:
+            self._queue.clear()  # only entries of trajectories gone from it (the scan drops them)
+            return False
+        return self._blocks(least) <= best_free
 
     def _release_waiting_holds_for(self, head: TrajectoryState, engine: EngineState) -> bool:
         """Break a hold-and-wait cycle: when ``head``, the oldest waiting turn on ``engine``,

@@ -75,7 +75,7 @@ class OpenAIServerEngine:
         engine = cls(url, model, timeout_s=timeout_s)
         try:
             stats = await engine.refresh_kv_stats()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             await engine.aclose()
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             raise ServerUnreachable(f"no vLLM server answers at {engine.url} ({reason})") from None
@@ -96,7 +96,7 @@ class OpenAIServerEngine:
             await asyncio.sleep(interval_s)
             try:
                 await self.refresh_kv_stats()
-            except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            except Exception:  # any failed read, a malformed page included: not the run's end
                 self.stats_failures += 1
 
     @property

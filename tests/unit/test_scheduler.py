@@ -177,6 +177,23 @@ def test_kv_affinity_balances_the_tail_to_the_least_busy_engine() -> None:
     assert (c.engine_id, c.moved) == (0, False)
 
 
+def test_a_trajectory_given_up_while_it_waited_does_not_hold_off_tail_balancing() -> None:
+    """A new trajectory finished before it was placed (its caller gave up) leaves no waiting
+    new trajectory behind: the tail balances as if it had never come."""
+    s = _sched("kv_affinity", [2000, 2000], initial_segment_tokens=100, balance_gap=2)
+    s.update_engine(1, used_tokens=2000, running=1, waiting=0, preemptions=0)
+    _submit(s, 3, prompt=100)
+    assert {a.engine_id for a in s.schedule()} == {0}
+    s.update_engine(1, used_tokens=0, running=0, waiting=0, preemptions=0)
+    s.submit("gone", prompt_tokens=100, max_response_tokens=1000)
+    s.finish("gone")
+    assert s.schedule() == []
+    s.generation_finished("t0", 100)
+    s.turn_ready("t0", 250)
+    (a,) = s.schedule()
+    assert (a.traj_id, a.engine_id, a.moved) == ("t0", 1, True)
+
+
 def test_kv_affinity_does_not_balance_while_new_trajectories_wait() -> None:
     s = _sched("kv_affinity", [2000, 2000], initial_segment_tokens=100, balance_gap=2)
     s.update_engine(1, used_tokens=2000, running=1, waiting=0, preemptions=0)

@@ -44,6 +44,7 @@ from typing import Any
 from perf.record import commit, fit_line, hardware
 
 KV_FLOOR_S = 1e-12
+SHORT_PROMPT_TOKENS = 16  # the decode batches' and the short KV batch's prompt
 
 
 def kv_needed(engine: Any, batch: int, tokens: int) -> int:
@@ -63,7 +64,7 @@ async def measure(
         args = _parser().parse_args(["--config", "-"])
     capacity = engine.kv_stats().capacity_tokens
     largest = max(
-        kv_needed(engine, max(args.decode_batches), 16 + args.decode_tokens),
+        kv_needed(engine, max(args.decode_batches), SHORT_PROMPT_TOKENS + args.decode_tokens),
         kv_needed(engine, args.kv_batch, args.kv_context + args.decode_tokens),
     )
     if capacity and largest > capacity:
@@ -94,19 +95,19 @@ async def measure(
 
     await wall(4, 32, 8)  # warm-up
     t = args.decode_tokens
-    decode = {b: await wall(b, 16, t) / t for b in args.decode_batches}
+    decode = {b: await wall(b, SHORT_PROMPT_TOKENS, t) / t for b in args.decode_batches}
     per_decode, base = fit_line(list(decode.items()), "--decode-batches")
     prefill = {n: await wall(1, n, 1) for n in args.prefill_lengths}
     per_token, _ = fit_line(list(prefill.items()), "--prefill-lengths")
-    b, short_ctx, long_ctx = args.kv_batch, 16, args.kv_context
+    b, short_ctx, long_ctx = args.kv_batch, SHORT_PROMPT_TOKENS, args.kv_context
     kv_short = await wall(b, short_ctx, t) / t
     kv_long = await wall(b, long_ctx, t) / t
     # the long prompts' prefill is in the wall time too: take it out before dividing
     kv_long -= (b * (long_ctx - short_ctx) * per_token) / t
     per_kv = (kv_long - kv_short) / (b * (long_ctx - short_ctx))
     kv_floored = per_kv < KV_FLOOR_S
-    # each decode request read its context every step (16 prompt tokens, then 0..t-1 more)
-    decode_context = 16 + (t - 1) / 2
+    # each decode request read its context every step (its prompt, then 0..t-1 more tokens)
+    decode_context = SHORT_PROMPT_TOKENS + (t - 1) / 2
     per_decode_own = per_decode - max(per_kv, KV_FLOOR_S) * decode_context
     return {
         "cost": {
@@ -193,8 +194,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(f"{flag}: values must be positive")
     if args.repeats < 1 or args.decode_tokens < 1 or args.kv_batch < 1:
         parser.error("--repeats, --decode-tokens and --kv-batch must be positive")
-    if args.kv_context <= 16:
-        parser.error("--kv-context: must be longer than the 16-token short prompt")
+    if args.kv_context <= SHORT_PROMPT_TOKENS:
+        parser.error(
+            f"--kv-context: must be longer than the {SHORT_PROMPT_TOKENS}-token short prompt"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,7 +80,11 @@ class AffinityPlacement(SchedulerBase):
         closed = {e for e, head in blocked.items() if head.bypassed >= self.settings.max_bypass}
         held: TrajectoryState | None = None  # the oldest new trajectory that did not fit
         best_free = self._best_free(closed)
-        if not self._any_new_may_fit(best_free):
+        least = self._least_new_need()
+        if least is None:  # no live new trajectory: what _queue holds, the scan would drop
+            self._queue.clear()
+            return out
+        if self._blocks(least) > best_free:
             return out  # the scan below would reject each one it looks at
         while self._queue and len(out) < room:
             item = heapq.heappop(self._queue)
@@ -111,19 +115,13 @@ class AffinityPlacement(SchedulerBase):
             heapq.heappush(self._queue, item)
         return out
 
-    def _any_new_may_fit(self, best_free: float) -> bool:
-        """Some trajectory in ``_queue`` may pass :meth:`_place_new`'s cheap rejection
-        (``_need_kv_affinity(traj)[1] <= best_free``); False only when none can."""
-        segment = (
-            max(self._segment, self.settings.min_segment_tokens)
-            if self.settings.split_turns
-            else None
-        )
-        least = self._new_floor.least_need(segment)
-        if least is None:
-            self._queue.clear()  # only entries of trajectories gone from it (the scan drops them)
-            return False
-        return self._blocks(least) <= best_free
+    def _least_new_need(self) -> int | None:
+        """A lower bound on what any trajectory in ``_queue`` needs to pass
+        :meth:`_place_new`'s cheap rejection (``_need_kv_affinity(traj)[1] <= best_free``),
+        before rounding to blocks; None: no live trajectory is left in ``_queue``."""
+        split = self.settings.split_turns
+        segment = max(self._segment, self.settings.min_segment_tokens) if split else None
+        return self._new_floor.least_need(segment)
 
     def _release_waiting_holds_for(self, head: TrajectoryState, engine: EngineState) -> bool:
         """Break a hold-and-wait cycle: when ``head``, the oldest waiting turn on ``engine``,

@@ -443,8 +443,8 @@ def test_engines_failing_and_coming_back_keep_the_invariants(
 class _ScanAlways(Scheduler):
     """kv_affinity without the queue floor: every pass scans the new-trajectory queue."""
 
-    def _any_new_may_fit(self, best_free: float) -> bool:
-        return True
+    def _least_new_need(self) -> int | None:
+        return -(1 << 62)  # below any engine's free KV
 
 
 @settings(max_examples=100, deadline=None)

@@ -22,6 +22,9 @@ prefix caching, context length) and times generations of exact lengths (``ignore
   prompt; the step time's difference over the extra cached tokens is ``per_kv_token_s``
   (floored at 1e-12 s when it is below this machine's noise, and said so).
 
+A fitted constant that comes out below 1e-12 s (a noisy fit on a loaded machine) is floored there
+and named in the result's ``floored`` list, and the table marks it: rerun on a quieter machine.
+
 Prompts are random token ids, distinct per request (no prefix-cache hits). The weights do not
 matter, so ``--model`` may be any checkpoint of the config's shape (the default is the
 config's ``model.path``). Prints a table, then one JSON line; ``--out`` writes that JSON,
@@ -43,7 +46,7 @@ from typing import Any
 
 from perf.record import commit, fit_line, hardware
 
-KV_FLOOR_S = 1e-12
+FLOOR_S = 1e-12  # a fitted constant below this is noise: floored, and named in ``floored``
 SHORT_PROMPT_TOKENS = 16  # the decode batches' and the short KV batch's prompt
 
 
@@ -105,18 +108,21 @@ async def measure(
     # the long prompts' prefill is in the wall time too: take it out before dividing
     kv_long -= (b * (long_ctx - short_ctx) * per_token) / t
     per_kv = (kv_long - kv_short) / (b * (long_ctx - short_ctx))
-    kv_floored = per_kv < KV_FLOOR_S
     # each decode request read its context every step (its prompt, then 0..t-1 more tokens)
     decode_context = SHORT_PROMPT_TOKENS + (t - 1) / 2
-    per_decode_own = per_decode - max(per_kv, KV_FLOOR_S) * decode_context
+    per_decode_own = per_decode - max(per_kv, FLOOR_S) * decode_context
+    cost, floored = floor_costs(
+        {
+            "step_base_s": base,
+            "per_token_s": per_token,
+            "per_kv_token_s": per_kv,
+            "per_decode_token_s": per_decode_own,
+        }
+    )
     return {
-        "cost": {
-            "step_base_s": max(base, KV_FLOOR_S),
-            "per_token_s": max(per_token, KV_FLOOR_S),
-            "per_kv_token_s": max(per_kv, KV_FLOOR_S),
-            "per_decode_token_s": max(per_decode_own, KV_FLOOR_S),
-        },
-        "kv_floored": kv_floored,
+        "cost": cost,
+        "floored": floored,
+        "kv_floored": "per_kv_token_s" in floored,
         "raw": {
             "decode_step_s_by_batch": {str(k): v for k, v in decode.items()},
             "decode_slope_s": per_decode,  # per request per step, its KV read included
@@ -124,6 +130,15 @@ async def measure(
             "kv_step_s": {"short": kv_short, "long_minus_prefill": kv_long},
         },
     }
+
+
+def floor_costs(fitted: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+    """Each fitted constant floored at :data:`FLOOR_S` (the simulator needs positive prices),
+    and the names of those that were below it, in order."""
+    return (
+        {name: max(value, FLOOR_S) for name, value in fitted.items()},
+        [name for name, value in fitted.items() if value < FLOOR_S],
+    )
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
@@ -215,13 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     c = result["cost"]
     print(f"{'constant':<22}{'value':>14}")
-    print(f"{'step_base_s':<22}{c['step_base_s'] * 1e3:>11.3f} ms")
-    print(f"{'per_decode_token_s':<22}{c['per_decode_token_s'] * 1e6:>11.2f} us")
-    print(f"{'per_token_s':<22}{c['per_token_s'] * 1e6:>11.2f} us")
-    kv = f"{c['per_kv_token_s'] * 1e9:>11.3f} ns"
-    print(
-        f"{'per_kv_token_s':<22}{kv}" + ("  (floored: below noise)" if result["kv_floored"] else "")
-    )
+    for name, scale, unit, digits in (
+        ("step_base_s", 1e3, "ms", 3),
+        ("per_decode_token_s", 1e6, "us", 2),
+        ("per_token_s", 1e6, "us", 2),
+        ("per_kv_token_s", 1e9, "ns", 3),
+    ):
+        mark = "  (floored: below noise)" if name in result["floored"] else ""
+        print(f"{name:<22}{c[name] * scale:>11.{digits}f} {unit}{mark}")
     line = json.dumps(result)
     print(line)
     if args.out:

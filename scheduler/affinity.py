@@ -58,9 +58,6 @@ class AffinityPlacement(SchedulerBase):
             if head.state != "waiting" or head.home != engine_id:
                 del blocked[engine_id]  # placed or finished since
         out.extend(self._place_new(room - len(out), blocked))
-        self.stats.peak_waiting = max(
-            self.stats.peak_waiting, len(self._queue) + sum(map(len, self._home_queues))
-        )
         for engine_id, head in list(blocked.items()):
             if self._release_waiting_holds_for(head, self.engines[engine_id]) and len(out) < room:
                 out.extend(self._schedule_affinity(room - len(out), idle_rescan))

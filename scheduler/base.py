@@ -36,6 +36,7 @@ class SchedulerBase:
         ]
         self.stats = SchedulerStats()
         self._trajs: dict[str, TrajectoryState] = {}
+        self._waiting: set[str] = set()  # trajectories in state "waiting" (queues keep stale ids)
         self._queue: list[tuple[int, str]] = []  # (seq, traj_id) of waiting dispatches
         self._admitted: deque[str] = deque()  # kv_capacity: next turns of admitted ones
         # kv_affinity: waiting dispatches of trajectories with a prefix on engine i
@@ -107,6 +108,7 @@ class SchedulerBase:
         traj.home = engine.engine_id
         self._reproject(traj)
         traj.state = "running"
+        self._waiting.discard(traj.traj_id)
         engine.in_flight += 1
         self.stats.dispatches += 1
         self.stats.moves += int(moved)

@@ -186,6 +186,7 @@ class Scheduler(AffinityPlacement):
             if self.settings.policy == "sticky":
                 engine.live_trajectories -= 1
         traj.state = "done"
+        self._waiting.discard(traj_id)
 
     def dispatch_failed(self, traj_id: str) -> None:
         """A dispatch ended without output (its engine failed): the turn waits to run again
@@ -299,12 +300,12 @@ class Scheduler(AffinityPlacement):
             max_free = self._max_free()
         for item in skipped:
             heapq.heappush(self._queue, item)
-        self.stats.peak_waiting = max(self.stats.peak_waiting, len(self._queue))
         return out
 
     @property
     def num_waiting(self) -> int:
-        return sum(1 for t in self._trajs.values() if t.state == "waiting")
+        """Trajectories waiting for a dispatch (new ones and next turns), in O(1)."""
+        return len(self._waiting)
 
     @property
     def num_live(self) -> int:
@@ -320,6 +321,8 @@ class Scheduler(AffinityPlacement):
     def _enqueue(self, traj: TrajectoryState) -> None:
         traj.state = "waiting"
         traj.bypassed = 0
+        self._waiting.add(traj.traj_id)
+        self.stats.peak_waiting = max(self.stats.peak_waiting, len(self._waiting))
         if self.settings.policy == "kv_capacity" and traj.home is not None:
             self._admitted.append(traj.traj_id)  # needs no new capacity: never held back
             return

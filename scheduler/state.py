@@ -132,7 +132,7 @@ class SchedulerStats:
     continuations: int = 0  # dispatches that continue a turn past a segment
     redispatches: int = 0  # dispatches that failed (their engine died) and were queued again
     engines_down: int = 0  # engine_down events
-    peak_waiting: int = 0
+    peak_waiting: int = 0  # most trajectories waiting for a dispatch at once
     per_engine_dispatches: dict[int, int] = field(default_factory=dict)
 
 

@@ -279,8 +279,7 @@ class Dispatcher:
             await asyncio.sleep(self.stats_interval_s)
 
     def _sample(self, stats: Sequence[KVStats | None]) -> SchedSample:
-        # turns that asked for an engine and wait for it (O(1), where the scheduler's
-        # num_waiting walks every live trajectory: this runs at every poll)
+        # turns that asked for an engine and wait for it
         return sample(self.scheduler, stats, waiting_turns=len(self._waiters))
 
     def take_metrics(self) -> dict[str, float]:

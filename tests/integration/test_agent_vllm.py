@@ -226,6 +226,7 @@ async def test_ignore_eos_generates_exactly_max_tokens_and_the_engine_cost_fits(
     # on average over the 8 steps), which the simulator prices at per_kv_token_s
     own = max(slope - cost["per_kv_token_s"] * (16 + 3.5), 1e-12)
     assert cost["per_decode_token_s"] == pytest.approx(own, rel=1e-9)
+    assert measured["kv_floored"] == ("per_kv_token_s" in measured["floored"])
     args.kv_batch = 2 * engine.kv_stats().capacity_tokens // args.kv_context
     with pytest.raises(ValueError, match="KV holds"):
         await measure(engine, vocab, args)

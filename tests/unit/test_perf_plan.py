@@ -273,3 +273,12 @@ def test_the_last_turns_tool_call_adds_no_default_tool_tokens():
     # the middle call takes the default 128; the last one has no turn after it: none
     assert plan_step._train_tokens(row, 128) == 7 + 60 + 5 + 128
     assert plan_step._train_tokens(TraceRow("r", 7, (TraceTurn(20, 0.3, 0),)), 128) == 27
+
+
+def test_engine_cost_floors_a_noisy_constant_and_names_it():
+    # a loaded machine fitted a negative prefill slope (the 35aadb1 suite's second engine)
+    fitted = {"step_base_s": 5e-3, "per_token_s": -2e-6, "per_kv_token_s": 0.0}
+    cost, floored = engine_cost.floor_costs(fitted)
+    assert cost == {"step_base_s": 5e-3, "per_token_s": 1e-12, "per_kv_token_s": 1e-12}
+    assert floored == ["per_token_s", "per_kv_token_s"]
+    assert engine_cost.floor_costs({"step_base_s": 5e-3}) == ({"step_base_s": 5e-3}, [])

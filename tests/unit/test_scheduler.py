@@ -194,6 +194,28 @@ def test_a_trajectory_given_up_while_it_waited_does_not_hold_off_tail_balancing(
     assert (a.traj_id, a.engine_id, a.moved) == ("t0", 1, True)
 
 
+def test_the_waiting_count_follows_every_transition_and_ignores_stale_queue_entries() -> None:
+    """num_waiting and peak_waiting count trajectories waiting for a dispatch: new ones, next
+    turns and continuations; not those placed, given up while they waited, or queued again
+    when their engine died (one trajectory, one count)."""
+    s = _sched("kv_affinity", [1200, 1200], initial_segment_tokens=100)
+    _submit(s, 12, prompt=100)
+    assert (s.num_waiting, s.stats.peak_waiting) == (12, 12)
+    placed = {a.traj_id for a in s.schedule()}
+    assert 0 < len(placed) < 12 and s.num_waiting == 12 - len(placed)
+    waiting = sorted({f"t{i}" for i in range(12)} - placed)
+    s.finish(waiting[0])  # given up while it waited: its queue entry goes stale
+    assert s.num_waiting == 11 - len(placed)
+    a = next(iter(sorted(placed)))
+    s.generation_finished(a, 100, turn_complete=False)  # a continuation waits
+    assert s.num_waiting == 12 - len(placed)
+    engine = next(x.engine_id for x in s.engines if x.in_flight)
+    s.engine_down(engine)  # its waiting trajectories are queued again, counted once
+    assert s.num_waiting == 12 - len(placed)
+    assert s.num_waiting == sum(1 for t in s._trajs.values() if t.state == "waiting")
+    assert s.stats.peak_waiting == 12
+
+
 def test_kv_affinity_does_not_balance_while_new_trajectories_wait() -> None:
     s = _sched("kv_affinity", [2000, 2000], initial_segment_tokens=100, balance_gap=2)
     s.update_engine(1, used_tokens=2000, running=1, waiting=0, preemptions=0)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from perf import clairvoyant
 from scheduler.core import ADMISSION_POLICIES, POLICIES, SchedulerSettings
 from scheduler.sim import SimSettings, StepCostModel, makespan_lower_bound, simulate
 from scheduler.trace import (
@@ -311,3 +312,30 @@ def test_a_paged_engine_counts_each_request_in_whole_blocks() -> None:
     paged = simulate(rows, replace(base, block_size_tokens=64), rr)
     assert exact.preemptions == 0 and exact.engine_max_used_fraction > 0.85
     assert paged.preemptions >= 1 and paged.generated_tokens == 40
+
+
+def test_front_load_moves_the_longest_forward_and_keeps_every_row() -> None:
+    rows = paper_like(num_prompts=10, samples_per_prompt=10)
+    order = clairvoyant.front_load(rows, longest=0.1, within=0.3)
+    assert sorted(r.id for r in order) == sorted(r.id for r in rows)
+    longest = sorted(rows, key=lambda r: -r.response_tokens)[:10]
+    assert {r.id for r in longest} <= {r.id for r in order[:30]}
+    rest = [r.id for r in rows if r.id not in {x.id for x in order[:30]}]
+    assert [r.id for r in order[30:]] == rest  # the rest keep their order
+    with pytest.raises(ValueError, match="longest < within"):
+        clairvoyant.front_load(rows, longest=0.3, within=0.3)
+
+
+def test_clairvoyant_reference_never_beats_the_bound(tmp_path: Path, capsys) -> None:
+    trace = tmp_path / "t.jsonl"
+    write_trace(paper_like(num_prompts=6, samples_per_prompt=8), trace)
+    assert clairvoyant.main(["--trace", str(trace), "--quick"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    cases = out["traces"][str(trace)]
+    assert set(cases) == {"640K", "256K", "h200"}
+    for points in cases.values():
+        assert len(points) == 1 + len(clairvoyant.QUICK_GRID)
+        assert all(p["makespan_vs_bound"] >= 1.0 for p in points)
+    assert clairvoyant.main(["--trace", str(tmp_path / "missing.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("perf.clairvoyant: ")

@@ -170,11 +170,12 @@ class Scheduler(AffinityPlacement):
 
     def finish(self, traj_id: str) -> None:
         """The trajectory is done (no more turns); everything it held is released."""
-        traj = self._trajs.pop(traj_id, None)
+        traj = self._trajs.get(traj_id)
         if traj is None:
             raise SchedulerError(f"unknown trajectory {traj_id!r}")
         if traj.state == "running":
             raise SchedulerError(f"{traj_id!r} still has a dispatch running")
+        del self._trajs[traj_id]
         if self.settings.policy == "kv_affinity":
             self._growth.observe(traj.context_tokens - traj.prompt_tokens)
         if traj.home is not None:

@@ -315,6 +315,8 @@ def test_caller_errors_are_clear() -> None:
     s.schedule()
     with pytest.raises(SchedulerError, match="still has a dispatch running"):
         s.finish("a")
+    s.generation_finished("a", 5)  # the refused finish left it live: its dispatch ends, then
+    s.finish("a")  # it finishes
     with pytest.raises(SchedulerError, match="unknown engine"):
         s.update_engine(3, used_tokens=0, running=0, waiting=0, preemptions=0)
     with pytest.raises(SchedulerError, match="unknown policy"):

@@ -1,16 +1,18 @@
-"""What knowing every trajectory's length in advance would buy kv_affinity: a reference for the
-makespan targets against :func:`scheduler.sim.makespan_lower_bound`.
+"""How much of kv_affinity's gap to the makespan bound comes from not knowing lengths at
+admission: a reference for the targets against :func:`scheduler.sim.makespan_lower_bound`.
 
-    python -m perf.clairvoyant [--trace paper|skewed|FILE ...] [--quick] [--out FILE]
+    python -m perf.clairvoyant [--trace paper|skewed|FILE ...] [--quick] [--seeds N] [--out FILE]
 
-A real scheduler cannot know how long a trajectory will be; this one is told. The same policy
-(kv_affinity with its defaults) and the same simulator replay the trace once in its own order,
-then once per point of a grid with the longest trajectories moved to the front: the
-``longest`` fraction of them, spread at random over the first ``within`` fraction of the
-order (:func:`front_load`). Each case is one of the settings the targets name: 640K and 256K KV
-tokens per engine at the default step cost, and the H200's measured cost and KV. Prints a
-table per trace (the makespan over the bound in the trace's own order, at the grid's best point,
-and that point's recomputed share), then one JSON line with every point.
+A real scheduler cannot know how long a trajectory will be. Here the admission order is chosen
+from the trajectories' true lengths; the policy itself is unchanged (kv_affinity with its
+defaults, reserving from its own growth model), and so is the simulator. Per case, the trace
+is replayed in its own order, longest first, and at each point of a grid that moves the
+``longest`` fraction of the trajectories (at least one) to random places among the first
+``within`` fraction of the order (:func:`front_load`), once per seed. Cases are the settings
+the targets name: 640K and 256K KV tokens per engine at the default step cost, and the H200's
+measured cost and KV. Prints a table per trace (the makespan over the bound in the trace's
+own order, longest first, and at the best grid point with that point's recomputed share),
+then one JSON line with every point, the commit and the hardware.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perf.record import commit, hardware
 from perf.rollout_sim import GENERATED, CostFileError, load_cost
-from scheduler.core import SchedulerSettings
+from scheduler.core import SchedulerError, SchedulerSettings
 from scheduler.sim import SimSettings, makespan_lower_bound, simulate
 from scheduler.trace import TraceError, TraceRow, load_trace
 
@@ -33,8 +36,8 @@ H200_COST = Path(__file__).parent / "results" / "step-cost-h200.json"
 H200_KV_TOKENS = 460_558  # what vLLM left for KV on the H200 at the 14B recipe's settings
 GRID = [
     (longest, within)
-    for longest in (0.05, 0.1, 0.2, 0.3, 0.5)
-    for within in (0.3, 0.5, 0.7, 0.9)
+    for longest in (0.02, 0.05, 0.1, 0.2, 0.3)
+    for within in (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
     if within > longest
 ]
 QUICK_GRID = [(0.1, 0.9), (0.2, 0.7), (0.3, 0.7)]
@@ -42,8 +45,10 @@ QUICK_GRID = [(0.1, 0.9), (0.2, 0.7), (0.3, 0.7)]
 
 @dataclass(frozen=True)
 class Point:
-    longest: float  # 0: the trace's own order
+    order: str  # "own", "longest_first" or "front_loaded"
+    longest: float  # front_loaded: the fraction moved forward, into the first ``within``
     within: float
+    seed: int
     makespan_vs_bound: float
     recomputed_fraction: float
     preemptions: int
@@ -52,14 +57,14 @@ class Point:
 def front_load(
     rows: list[TraceRow], longest: float, within: float, seed: int = 1
 ) -> list[TraceRow]:
-    """``rows`` reordered: the ``longest`` fraction by response tokens (ties in trace order)
-    shuffled with the others that fill the first ``within`` fraction of the order; the rest
-    keep their order after them. A permutation of ``rows``."""
+    """``rows`` reordered: the ``longest`` fraction by response tokens (at least one; ties in
+    trace order) shuffled with the other rows that fill the first ``within`` fraction of the
+    order (at least the moved ones); the rest keep their order after them. A permutation."""
     if not 0 < longest < within <= 1:
         raise ValueError("need 0 < longest < within <= 1")
     by_length = sorted(range(len(rows)), key=lambda i: -rows[i].response_tokens)
-    chosen = set(by_length[: int(longest * len(rows))])
-    head_size = int(within * len(rows))
+    chosen = set(by_length[: max(1, int(longest * len(rows)))])
+    head_size = max(len(chosen), int(within * len(rows)))
     others = [r for i, r in enumerate(rows) if i not in chosen]
     fill = head_size - len(chosen)
     head = [rows[i] for i in sorted(chosen)] + others[:fill]
@@ -76,24 +81,43 @@ def cases() -> dict[str, SimSettings]:
     }
 
 
-def _point(rows: list[TraceRow], s: SimSettings, longest: float, within: float) -> Point:
-    order = front_load(rows, longest, within) if longest else rows
-    r = simulate(order, s, SchedulerSettings())
+def _point(
+    rows: list[TraceRow], s: SimSettings, bound_s: float, order: str, lo: float, w: float, seed: int
+) -> Point:
+    if order == "own":
+        replay = rows
+    elif order == "longest_first":
+        replay = sorted(rows, key=lambda r: -r.response_tokens)
+    else:
+        replay = front_load(rows, lo, w, seed)
+    r = simulate(replay, s, SchedulerSettings())
     return Point(
-        longest,
-        within,
-        r.makespan_s / makespan_lower_bound(rows, s).makespan_s,
+        order,
+        lo,
+        w,
+        seed,
+        r.makespan_s / bound_s,
         r.recomputed_tokens / max(r.generated_tokens, 1),
         r.preemptions,
     )
 
 
-def run(rows: list[TraceRow], grid: list[tuple[float, float]]) -> dict[str, list[Point]]:
-    """Per case: the trace's own order first, then each grid point."""
-    return {
-        name: [_point(rows, s, 0.0, 0.0)] + [_point(rows, s, lo, w) for lo, w in grid]
-        for name, s in cases().items()
-    }
+def run(
+    rows: list[TraceRow], grid: list[tuple[float, float]], seeds: int = 1
+) -> dict[str, list[Point]]:
+    """Per case: the trace's own order, longest first, then each grid point and seed."""
+    out: dict[str, list[Point]] = {}
+    for name, s in cases().items():
+        bound_s = makespan_lower_bound(rows, s).makespan_s
+        points = [
+            _point(rows, s, bound_s, "own", 0.0, 0.0, 0),
+            _point(rows, s, bound_s, "longest_first", 0.0, 0.0, 0),
+        ]
+        for lo, w in grid:
+            for seed in range(1, seeds + 1):
+                points.append(_point(rows, s, bound_s, "front_loaded", lo, w, seed))
+        out[name] = points
+    return out
 
 
 def _rows(trace: str) -> list[TraceRow]:
@@ -104,33 +128,52 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf.clairvoyant", description=__doc__)
     parser.add_argument("--trace", nargs="+", default=["paper", "skewed"])
     parser.add_argument("--quick", action="store_true", help=f"grid of {len(QUICK_GRID)} points")
+    parser.add_argument("--seeds", type=int, default=1, help="orders drawn per grid point")
     parser.add_argument("--out", help="also write the JSON line here")
     args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
     grid = QUICK_GRID if args.quick else GRID
-    out: dict[str, Any] = {"benchmark": "clairvoyant", "grid": grid, "traces": {}}
-    for trace in args.trace:
-        try:
-            rows = _rows(trace)
+    out: dict[str, Any] = {
+        "benchmark": "clairvoyant",
+        "commit": commit(),
+        "hardware": hardware(),
+        "grid": grid,
+        "seeds": args.seeds,
+        "traces": {},
+    }
+    try:
+        traces = {trace: _rows(trace) for trace in args.trace}
+        for trace, rows in traces.items():
             started = time.perf_counter()
-            result = run(rows, grid)
-        except (TraceError, CostFileError, OSError) as exc:
-            print(f"perf.clairvoyant: {exc}", file=sys.stderr)
-            return 2
-        print(f"{trace}: {len(rows)} trajectories, {time.perf_counter() - started:.0f} s")
-        print(f"  {'case':<6}{'own order':>11}{'best told':>11}  {'at (longest, within)':<22}rec")
-        for name, points in result.items():
-            best = min(points[1:], key=lambda p: p.makespan_vs_bound)
-            where = f"({best.longest}, {best.within})"
-            print(
-                f"  {name:<6}{points[0].makespan_vs_bound:>10.3f}x{best.makespan_vs_bound:>10.3f}x"
-                f"  {where:<22}{100 * best.recomputed_fraction:.2f}%"
-            )
-        out["traces"][trace] = {n: [vars(p) for p in ps] for n, ps in result.items()}
+            result = run(rows, grid, args.seeds)
+            _print_table(trace, len(rows), time.perf_counter() - started, result)
+            out["traces"][trace] = {
+                "trajectories": len(rows),
+                "cases": {n: [vars(p) for p in ps] for n, ps in result.items()},
+            }
+    except (TraceError, CostFileError, SchedulerError, OSError) as exc:
+        print(f"perf.clairvoyant: {exc}", file=sys.stderr)
+        return 2
     line = json.dumps(out)
     print(line)
     if args.out:
         Path(args.out).write_text(line + "\n")
     return 0
+
+
+def _print_table(trace: str, n: int, took_s: float, result: dict[str, list[Point]]) -> None:
+    print(f"{trace}: {n} trajectories, {took_s:.0f} s")
+    head = f"{'own order':>11}{'longest 1st':>13}{'best grid':>11}"
+    print(f"  {'case':<6}{head}  {'(longest, within, seed)':<26}rec")
+    for name, points in result.items():
+        own, lpt, *grid = points
+        best = min(grid, key=lambda p: p.makespan_vs_bound)
+        where = f"({best.longest}, {best.within}, {best.seed})"
+        print(
+            f"  {name:<6}{own.makespan_vs_bound:>10.3f}x{lpt.makespan_vs_bound:>12.3f}x"
+            f"{best.makespan_vs_bound:>10.3f}x  {where:<26}{100 * best.recomputed_fraction:.2f}%"
+        )
 
 
 if __name__ == "__main__":

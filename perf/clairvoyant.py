@@ -81,42 +81,49 @@ def cases() -> dict[str, SimSettings]:
     }
 
 
-def _point(
-    rows: list[TraceRow], s: SimSettings, bound_s: float, order: str, lo: float, w: float, seed: int
-) -> Point:
-    if order == "own":
-        replay = rows
-    elif order == "longest_first":
-        replay = sorted(rows, key=lambda r: -r.response_tokens)
-    else:
-        replay = front_load(rows, lo, w, seed)
-    r = simulate(replay, s, SchedulerSettings())
-    return Point(
-        order,
-        lo,
-        w,
-        seed,
-        r.makespan_s / bound_s,
-        r.recomputed_tokens / max(r.generated_tokens, 1),
-        r.preemptions,
-    )
+@dataclass(frozen=True)
+class Order:
+    name: str  # "own", "longest_first" or "front_loaded"
+    longest: float
+    within: float
+    seed: int
+    rows: list[TraceRow]
+
+
+def orders(rows: list[TraceRow], grid: list[tuple[float, float]], seeds: int = 1) -> list[Order]:
+    """The trace's own order, longest first, then each grid point and seed."""
+    out = [
+        Order("own", 0.0, 0.0, 0, rows),
+        Order("longest_first", 0.0, 0.0, 0, sorted(rows, key=lambda r: -r.response_tokens)),
+    ]
+    for lo, w in grid:
+        for seed in range(1, seeds + 1):
+            out.append(Order("front_loaded", lo, w, seed, front_load(rows, lo, w, seed)))
+    return out
 
 
 def run(
     rows: list[TraceRow], grid: list[tuple[float, float]], seeds: int = 1
 ) -> dict[str, list[Point]]:
-    """Per case: the trace's own order, longest first, then each grid point and seed."""
+    """Per case, a point per order of :func:`orders`, in that order."""
+    replays = orders(rows, grid, seeds)
     out: dict[str, list[Point]] = {}
     for name, s in cases().items():
         bound_s = makespan_lower_bound(rows, s).makespan_s
-        points = [
-            _point(rows, s, bound_s, "own", 0.0, 0.0, 0),
-            _point(rows, s, bound_s, "longest_first", 0.0, 0.0, 0),
-        ]
-        for lo, w in grid:
-            for seed in range(1, seeds + 1):
-                points.append(_point(rows, s, bound_s, "front_loaded", lo, w, seed))
-        out[name] = points
+        out[name] = []
+        for o in replays:
+            r = simulate(o.rows, s, SchedulerSettings())
+            out[name].append(
+                Point(
+                    o.name,
+                    o.longest,
+                    o.within,
+                    o.seed,
+                    r.makespan_s / bound_s,
+                    r.recomputed_tokens / max(r.generated_tokens, 1),
+                    r.preemptions,
+                )
+            )
     return out
 
 

@@ -134,11 +134,9 @@ async def measure(
 
 def floor_costs(fitted: dict[str, float]) -> tuple[dict[str, float], list[str]]:
     """Each fitted constant floored at :data:`FLOOR_S` (the simulator needs positive prices),
-    and the names of those that were below it, in order."""
-    return (
-        {name: max(value, FLOOR_S) for name, value in fitted.items()},
-        [name for name, value in fitted.items() if value < FLOOR_S],
-    )
+    and the names of those that were below it, in order (a NaN, no fit at all, is one)."""
+    low = [name for name, value in fitted.items() if not value >= FLOOR_S]
+    return ({name: FLOOR_S if name in low else value for name, value in fitted.items()}, low)
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:

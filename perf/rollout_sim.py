@@ -6,10 +6,11 @@
 ``--trace paper`` generates the paper-like trace of :func:`scheduler.trace.paper_like` (512
 prompts x 16 trajectories; ``--prompts`` / ``--samples`` scale it); ``--trace skewed`` the
 differently shaped one of :func:`scheduler.trace.skewed` (1-2 turns, 5% of the trajectories
-carry 30% of the work). Prints a table, then one JSON
-line with, per policy: makespan_s, busy_fraction, preemptions, recomputed_tokens,
-generated_tokens, p50/p99 trajectory latency; and the makespan no policy can beat under the
-cost model (:func:`scheduler.sim.makespan_lower_bound`), with each policy's ratio to it. Exit 2
+carry 30% of the work). Prints a table, then one JSON line with, per policy: makespan_s,
+busy_fraction, preemptions, recomputed_tokens, generated_tokens, p50/p99 trajectory latency, the
+tail (``queue_empty_s``: when the last new trajectory started, ``live_at_queue_empty``,
+``steps_after_queue_empty`` of ``steps``); and the makespan no policy can beat under the cost
+model (:func:`scheduler.sim.makespan_lower_bound`), with each policy's ratio to it. Exit 2
 with one line on a bad argument or trace.
 
 The engine step cost defaults to :class:`scheduler.sim.StepCostModel`'s assumed MI300X figures;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -66,10 +68,10 @@ def load_cost(path: str) -> StepCostModel:
     bad = [
         k
         for k, v in values.items()
-        if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf
     ]
     if bad:
-        raise CostFileError(f"--cost {path}: {', '.join(bad)} must be positive numbers")
+        raise CostFileError(f"--cost {path}: {', '.join(bad)} must be positive finite numbers")
     return StepCostModel(**{k: float(v) for k, v in values.items()})
 
 
@@ -103,7 +105,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     header = (
         f"{'policy':<15}{'makespan_s':>11}{'busy':>7}{'preempt':>9}{'recomputed':>12}"
-        f"{'recomp%':>9}{'p50_s':>9}{'p99_s':>9}{'moves':>8}{'sim_s':>7}"
+        f"{'recomp%':>9}{'p50_s':>9}{'p99_s':>9}{'moves':>8}{'qempty_s':>10}{'live':>7}"
+        f"{'sim_s':>7}"
     )
     print(header)
     results: dict[str, Any] = {}
@@ -117,9 +120,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{policy:<15}{res.makespan_s:>11.1f}{res.busy_fraction:>7.2f}{res.preemptions:>9}"
             f"{res.recomputed_tokens:>12}"
             f"{100 * res.recomputed_tokens / max(res.generated_tokens, 1):>8.2f}%"
-            f"{res.p50_latency_s:>9.1f}{res.p99_latency_s:>9.1f}{res.moves:>8}{wall:>7.1f}",
+            f"{res.p50_latency_s:>9.1f}{res.p99_latency_s:>9.1f}{res.moves:>8}"
+            f"{res.queue_empty_s:>10.1f}{res.live_at_queue_empty:>7}{wall:>7.1f}",
             flush=True,
         )
+    print("qempty_s: when the last new trajectory started; live: trajectories unfinished then")
     out = {
         "benchmark": "rollout_sim",
         "trace": args.trace,

@@ -87,6 +87,11 @@ class SimResult:
     recomputed_after_move: int
     recomputed_after_eviction: int
     engine_max_used_fraction: float
+    steps: int  # engine steps, all engines
+    # the tail: from the last new trajectory's first dispatch (no new one waits from then)
+    queue_empty_s: float
+    live_at_queue_empty: int  # trajectories not finished then
+    steps_after_queue_empty: int
 
     def as_dict(self) -> dict[str, float | int | str]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(self).items()}
@@ -124,6 +129,12 @@ class _Engine:
         self.run_version = 0
         self.busy = False
         self._orders = itertools.count()
+
+    def steps_by(self, now: float) -> int:
+        """Steps this engine has completed by ``now`` (its run in progress included)."""
+        if not self.busy:
+            return self.step
+        return self.step + min(self.run_steps, self._steps_done_by(now - self.run_start_t))
 
     # -- requests arrive here --
     def arrive(self, req: _Req, now: float) -> None:
@@ -344,7 +355,8 @@ class _TrajRun:
 
 
 class Simulation:
-    """Replay ``rows`` under ``policy``; :meth:`run` returns the figures."""
+    """Replay ``rows`` under ``policy``; :meth:`run` returns the figures. Every row is submitted
+    at construction, so a trace the scheduler refuses (SchedulerError) fails before any step."""
 
     def __init__(self, rows: list[TraceRow], settings: SimSettings, sched: SchedulerSettings):
         self.s = settings
@@ -361,20 +373,22 @@ class Simulation:
         self.recomputed_by = {"preemption": 0, "move": 0, "evicted": 0}
         self.generated = 0
         self.now = 0.0
+        self._new = {row.id for row in rows}  # never dispatched yet
+        self._queue_empty: tuple[float, int, int] = (0.0, 0, 0)  # time, live, steps
+        for row in rows:
+            plan = plan_turns(row, settings)
+            self.trajs[row.id] = _TrajRun(row, plan, 0, plan[0].gen_tokens, row.prompt_tokens)
+            self.scheduler.submit(
+                row.id,
+                prompt_tokens=row.prompt_tokens,
+                max_response_tokens=settings.max_response_tokens,
+                session_id=row.session,
+            )
 
     def push(self, t: float, event: tuple[object, ...]) -> None:
         heapq.heappush(self.events, (t, next(self._seq), event))
 
     def run(self) -> SimResult:
-        for row in self.rows:
-            plan = plan_turns(row, self.s)
-            self.trajs[row.id] = _TrajRun(row, plan, 0, plan[0].gen_tokens, row.prompt_tokens)
-            self.scheduler.submit(
-                row.id,
-                prompt_tokens=row.prompt_tokens,
-                max_response_tokens=self.s.max_response_tokens,
-                session_id=row.session,
-            )
         self._pump()
         while self.events:
             t, _, event = heapq.heappop(self.events)
@@ -395,6 +409,11 @@ class Simulation:
     def _start(self, a: Assignment) -> None:
         run = self.trajs[a.traj_id]
         n = min(run.turn_left, a.max_tokens)
+        if a.traj_id in self._new:
+            self._new.discard(a.traj_id)
+            if not self._new:
+                steps = sum(e.steps_by(self.now) for e in self.engines)
+                self._queue_empty = (self.now, len(self.trajs), steps)
         self.engines[a.engine_id].arrive(_Req(a.traj_id, run.context, n), self.now)
 
     def count_prefill(self, traj_id: str, engine_id: int, context: int, hit: int) -> None:
@@ -470,6 +489,10 @@ class Simulation:
             recomputed_after_move=self.recomputed_by["move"],
             recomputed_after_eviction=self.recomputed_by["evicted"],
             engine_max_used_fraction=max(e.max_used for e in self.engines) / self.s.kv_tokens,
+            steps=sum(e.step for e in self.engines),
+            queue_empty_s=self._queue_empty[0],
+            live_at_queue_empty=self._queue_empty[1],
+            steps_after_queue_empty=sum(e.step for e in self.engines) - self._queue_empty[2],
         )
 
 

@@ -4,6 +4,7 @@ saved run's rollouts as the plan's trace."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,8 @@ def test_engine_cost_floors_a_noisy_constant_and_names_it():
     assert cost == {"step_base_s": 5e-3, "per_token_s": 1e-12, "per_kv_token_s": 1e-12}
     assert floored == ["per_token_s", "per_kv_token_s"]
     assert engine_cost.floor_costs({"step_base_s": 5e-3}) == ({"step_base_s": 5e-3}, [])
+    # no fit at all is floored and named too (NaN compares false with everything)
+    assert engine_cost.floor_costs({"per_kv_token_s": math.nan}) == (
+        {"per_kv_token_s": 1e-12},
+        ["per_kv_token_s"],
+    )

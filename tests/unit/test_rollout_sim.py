@@ -254,6 +254,9 @@ def test_measured_step_cost_drives_the_simulator(tmp_path: Path) -> None:
         ("[1, 2]", "expected a JSON object"),
         ('{"cost": {"step_base_s": 0.01, "per_token_s": 1e-5}}', "per_kv_token_s"),
         ('{"step_base_s": 0.01, "per_token_s": 0, "per_kv_token_s": 1e-8}', "per_token_s must"),
+        # Python's json reads these; a NaN price would make every comparison in the model false
+        ('{"step_base_s": NaN, "per_token_s": 1e-5, "per_kv_token_s": 1e-8}', "step_base_s must"),
+        ('{"step_base_s": 0.01, "per_token_s": Infinity, "per_kv_token_s": 1e-8}', "per_token_s"),
         ("{", "cost.json"),
     ],
 )
@@ -347,3 +350,42 @@ def test_clairvoyant_reference_never_beats_the_bound(tmp_path: Path, capsys) -> 
         assert clairvoyant.main(["--trace", str(bad), "--quick"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("perf.clairvoyant: ")
+
+
+def test_clairvoyant_refuses_a_row_one_case_cannot_hold_before_simulating_any(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    # 640K engines hold a 300K prompt, 256K ones do not: the run stops before the 640K replays
+    trace = tmp_path / "t.jsonl"
+    write_trace(
+        [
+            *paper_like(num_prompts=2, samples_per_prompt=2),
+            TraceRow("big", 300_000, (TraceTurn(8, None),)),
+        ],
+        trace,
+    )
+    replays: list[int] = []
+    monkeypatch.setattr(clairvoyant, "simulate", lambda *a: replays.append(1))
+    assert clairvoyant.main(["--trace", str(trace), "--quick"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'big' needs" in err[0] and "262144" in err[0]
+    assert replays == []
+
+
+def test_the_tail_starts_when_the_last_new_trajectory_is_dispatched() -> None:
+    """One engine running one request at a time: kv_affinity dispatches b when a ends, so from
+    then on one trajectory is live and only b's 5 steps remain. sticky dispatches both at once
+    (the engine queues b): its whole run is tail."""
+    a, b = TraceRow("a", 100, (TraceTurn(10, None),)), TraceRow("b", 50, (TraceTurn(5, None),))
+    c = StepCostModel()
+    s = SimSettings(num_engines=1, kv_tokens=20_000, max_num_seqs=1, cost=c)
+    res = simulate([a, b], s, SchedulerSettings(policy="kv_affinity"))
+    a_alone = c.per_token_s * 100 + sum(
+        c.step_base_s + c.decode_token_s + c.per_kv_token_s * (100 + i) for i in range(10)
+    )
+    assert res.queue_empty_s == pytest.approx(a_alone, rel=1e-9)
+    assert (res.live_at_queue_empty, res.steps, res.steps_after_queue_empty) == (1, 15, 5)
+    sticky = simulate([a, b], s, SchedulerSettings(policy="sticky"))
+    assert sticky.makespan_s == pytest.approx(res.makespan_s, rel=1e-9)
+    assert (sticky.queue_empty_s, sticky.live_at_queue_empty) == (0.0, 2)
+    assert sticky.steps_after_queue_empty == sticky.steps == 15

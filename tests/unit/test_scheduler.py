@@ -343,6 +343,8 @@ def _drive(
     balance_gap: int | None = 16,
     cls: type[Scheduler] = Scheduler,
     log: list[Assignment] | None = None,
+    block_size_tokens: int = 1,
+    split_turns: bool = True,
 ) -> Scheduler:
     """Run jobs (prompt, turn lengths) to completion with random event order; check invariants.
     ``fault_rate``: per event, the chance that an engine fails (its running dispatches are lost
@@ -357,6 +359,8 @@ def _drive(
             min_segment_tokens=16,
             max_bypass=4,
             balance_gap=balance_gap,
+            block_size_tokens=block_size_tokens,
+            split_turns=split_turns,
         ),
     )
     budget = 600
@@ -382,6 +386,7 @@ def _drive(
         if policy in ADMISSION_POLICIES:
             for e in s.engines:
                 assert 0 <= e.reserved_tokens <= e.capacity_tokens
+                assert e.reserved_tokens % block_size_tokens == 0  # paged KV: whole blocks
         down = [e.engine_id for e in s.engines if e.down]
         if not running and not tool:
             if not down:
@@ -439,29 +444,44 @@ def _caps(min_engines: int) -> st.SearchStrategy[list[int]]:
 
 
 # the drives' draws besides the engines; balance_gap: kv_affinity's tail balancing off, eager,
-# and at its default
+# and at its default; block: token-exact KV or paged in 16-token blocks; split: kv_affinity's
+# segments, or whole turns reserved at once
 _DRAWS = {
     "policy": st.sampled_from(POLICIES),
     "jobs": _JOBS,
     "seed": st.integers(0, 1000),
     "gap": st.sampled_from([None, 1, 2, 16]),
+    "block": st.sampled_from([1, 16]),
+    "split": st.booleans(),
 }
 
 
 @settings(max_examples=100, deadline=None)
 @given(caps=_caps(1), **_DRAWS)
 def test_invariants_hold_and_every_trajectory_finishes(
-    policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int, gap: int | None
+    policy: Policy,
+    caps: list[int],
+    jobs: list[tuple[int, list[int]]],
+    seed: int,
+    gap: int | None,
+    block: int,
+    split: bool,
 ) -> None:
-    _drive(policy, caps, jobs, seed, balance_gap=gap)
+    _drive(policy, caps, jobs, seed, balance_gap=gap, block_size_tokens=block, split_turns=split)
 
 
 @settings(max_examples=100, deadline=None)
 @given(caps=_caps(2), **_DRAWS)
 def test_engines_failing_and_coming_back_keep_the_invariants(
-    policy: Policy, caps: list[int], jobs: list[tuple[int, list[int]]], seed: int, gap: int | None
+    policy: Policy,
+    caps: list[int],
+    jobs: list[tuple[int, list[int]]],
+    seed: int,
+    gap: int | None,
+    block: int,
+    split: bool,
 ) -> None:
-    _drive(policy, caps, jobs, seed, fault_rate=0.05, balance_gap=gap)
+    _drive(policy, caps, jobs, seed, 0.05, gap, block_size_tokens=block, split_turns=split)
 
 
 class _ScanAlways(Scheduler):
@@ -478,6 +498,8 @@ class _ScanAlways(Scheduler):
     seed=st.integers(0, 1000),
     fault_rate=st.sampled_from([0.0, 0.05]),
     gap=st.sampled_from([None, 16]),
+    block=_DRAWS["block"],
+    split=_DRAWS["split"],
 )
 def test_kv_affinity_skips_the_new_queue_only_when_its_scan_would_place_nothing(
     caps: list[int],
@@ -485,11 +507,14 @@ def test_kv_affinity_skips_the_new_queue_only_when_its_scan_would_place_nothing(
     seed: int,
     fault_rate: float,
     gap: int | None,
+    block: int,
+    split: bool,
 ) -> None:
     fast: list[Assignment] = []
     scanned: list[Assignment] = []
-    _drive("kv_affinity", caps, jobs, seed, fault_rate, gap, log=fast)
-    _drive("kv_affinity", caps, jobs, seed, fault_rate, gap, cls=_ScanAlways, log=scanned)
+    kv = {"block_size_tokens": block, "split_turns": split}
+    _drive("kv_affinity", caps, jobs, seed, fault_rate, gap, log=fast, **kv)
+    _drive("kv_affinity", caps, jobs, seed, fault_rate, gap, cls=_ScanAlways, log=scanned, **kv)
     assert fast == scanned
 
 

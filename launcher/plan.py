@@ -23,7 +23,9 @@ ROLES = ("learner", "rollout", "sandbox")
 PORT_FIRST = 20000
 PORT_STRIDE = 400
 PORT_BLOCKS = 30  # 20000 .. 31999
-PORT_OFFSETS = {"ray_gcs": 0, "ray_client": 1, "redis": 2, "sandbox_http": 3}  # job-wide
+PORT_OFFSETS = {  # job-wide; "metrics": the driver's Prometheus endpoint (logging.metrics_port)
+    "ray_gcs": 0, "ray_client": 1, "redis": 2, "sandbox_http": 3, "metrics": 4,
+}  # fmt: skip
 # every node's own Ray ports (`ray start` options), one set per node sharing a host: nodes of a
 # real cluster are slot 0; a test cluster's fake nodes on one machine take slots 0, 1, 2
 NODE_PORTS = (
@@ -62,6 +64,9 @@ class JobPlan:
     requeue: bool
     start_timeout_s: float
     learner_backend: str = "torch"
+    # logging.metrics_port is set: the driver serves on the job's "metrics" port (any fixed
+    # port of the config would clash between two jobs on one head node)
+    serve_metrics: bool = False
 
     def component(self, role: str) -> Component | None:
         return next((c for c in self.components if c.role == role), None)
@@ -178,6 +183,7 @@ def _job_plan(cfg: Config, components: tuple[Component, ...]) -> JobPlan:
         requeue=launch.requeue,
         start_timeout_s=launch.start_timeout_s,
         learner_backend=cfg.learner.backend,
+        serve_metrics=cfg.logging.metrics_port is not None,
     )
 
 

@@ -349,9 +349,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-# addresses of services a resumed run may find elsewhere (a relaunched job's sandbox node):
-# where things run, never what the run computes
-RESUME_OVERRIDES = ("sandbox.url", "sandbox.redis_url")
+# addresses of services a resumed run may find elsewhere (a relaunched job's sandbox node, its
+# port block): where things run, never what the run computes
+RESUME_OVERRIDES = ("sandbox.url", "sandbox.redis_url", "logging.metrics_port")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -414,6 +414,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_launch_slurm(args: argparse.Namespace) -> int:
     import shlex
 
+    from launcher.plan import port_block
     from launcher.slurm import LaunchError, prepare, submit
     from rstar2.config_io import load_config
 
@@ -434,6 +435,9 @@ def _cmd_launch_slurm(args: argparse.Namespace) -> int:
         print(f"rstar2: launch error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     print(f"submitted job {attempt.job_id}; logs in {attempt.folder / 'logs'}")
+    if cfg.logging.metrics_port is not None and attempt.job_id is not None:
+        port = port_block(int(attempt.job_id))["metrics"]
+        print(f"live metrics: http://HEAD:{port}/metrics (HEAD: the job's first learner node)")
     return 0
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.plan import port_block
 from tests.conftest import REPO
 from tests.helpers.launch_config import launch_config, sft_launch_config
 from tests.helpers.processes import live_commands
@@ -77,7 +78,7 @@ def _settled(job: str, deadline_s: float = 30) -> list[str]:
 def test_a_launched_job_trains_with_every_role_on_its_nodes(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    job, attempt = _submit(cluster, launch_config(tmp_path))
+    job, attempt = _submit(cluster, launch_config(tmp_path), "logging.metrics_port=9")
     took = _wait_gone(cluster, job, 480)
     out = (attempt / "logs" / f"slurm-{job}.out").read_text()
     assert "rstar2 train exited with 0" in out, out[-3000:]
@@ -93,6 +94,10 @@ def test_a_launched_job_trains_with_every_role_on_its_nodes(
     engines_line = next(x for x in driver.splitlines() if x.startswith("engines:"))
     learner_ip, engine_ip = learner_line.rsplit(" ", 1)[1], engines_line.rsplit(" ", 1)[1]
     assert {learner_ip, engine_ip} == {addrs["gpu1"], addrs["gpu2"]}, (learner_line, engines_line)
+    # the driver served its metrics on the job's own port (not the config's 9, a root port)
+    port = port_block(int(job))["metrics"]
+    assert f"live metrics: http://{learner_ip}:{port}/metrics" in out
+    assert any(x.endswith(f":{port}/metrics") for x in driver.splitlines() if "Prometheus" in x)
     assert "sandbox on cpu1" in out
     rows = [json.loads(x) for x in (tmp_path / "runs" / "launched" / "metrics.jsonl").open()]
     assert [r["step"] for r in rows if "step" in r][-1] == 2

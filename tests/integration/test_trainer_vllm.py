@@ -395,6 +395,12 @@ def test_resume_of_a_folder_without_a_run_is_a_user_error(tmp_path: Path) -> Non
     res = run_cli("train", "--resume", str(tmp_path))
     assert res.returncode == 2
     assert "no config.json" in res.stderr and "Traceback" not in res.stderr
+    # where a relaunched job's services listen may change on resume (the Slurm job passes its
+    # own sandbox URL and metrics port); what the run computes may not
+    res = run_cli("train", "--resume", str(tmp_path), "logging.metrics_port=20004")
+    assert res.returncode == 2 and "no config.json" in res.stderr
+    res = run_cli("train", "--resume", str(tmp_path), "rollout.num_engines=2")
+    assert res.returncode == 2 and "takes the run's own config.json" in res.stderr
 
 
 MEGATRON_SITE = REPO / "tests" / "helpers" / "megatron_site"

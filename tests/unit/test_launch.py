@@ -48,6 +48,7 @@ CASES = {
             "launch.learner.time=2-00:00:00",
             "launch.sandbox.nodes=2",
             "launch.sandbox.partition=cpu",
+            "logging.metrics_port=9400",  # served on the job's own port, not this one
         ],
     ),
     "one-node": (
@@ -132,14 +133,16 @@ def test_the_hetjob_has_one_component_per_role_in_role_order() -> None:
 def test_the_scripts_port_arithmetic_is_the_plans() -> None:
     text = _render("paper-8x8-mi300x-sandbox-hetjob")
     lines = [line for line in text.splitlines() if line.startswith("PORT_")]
-    script = "\n".join(lines) + '\necho "$PORT_BASE $PORT_RAY_GCS $PORT_REDIS $PORT_SANDBOX_HTTP"'
+    script = "\n".join(lines) + (
+        '\necho "$PORT_BASE $PORT_RAY_GCS $PORT_REDIS $PORT_SANDBOX_HTTP $PORT_METRICS"'
+    )
     for job_id in (1, 4242, 987654):
         out = subprocess.run(
             ["bash", "-c", script], env={"SLURM_JOB_ID": str(job_id)}, capture_output=True,
             text=True, check=True,
         ).stdout.split()  # fmt: skip
         ports = port_block(job_id)
-        want = [ports["base"], ports["ray_gcs"], ports["redis"], ports["sandbox_http"]]
+        want = [ports[k] for k in ("base", "ray_gcs", "redis", "sandbox_http", "metrics")]
         assert [int(x) for x in out] == want
         # every node's ports, for one node per host (a real cluster) and for as many fake nodes
         # as one host may hold, stay in the block, below Linux's ephemeral range, and apart
@@ -159,6 +162,13 @@ def test_the_scripts_port_arithmetic_is_the_plans() -> None:
                 assert high - low + 1 >= 300  # a many-core node prestarts a worker per core
     with pytest.raises(ValueError, match="at most 9 nodes"):
         node_ray_ports(20000, MAX_NODES_PER_HOST, MAX_NODES_PER_HOST + 1)
+
+
+def test_the_driver_serves_metrics_on_the_jobs_own_port_when_the_config_asks() -> None:
+    hetjob = _render("paper-8x8-mi300x-sandbox-hetjob")  # logging.metrics_port=9400
+    assert '"logging.metrics_port=$PORT_METRICS"' in hetjob and "9400" not in hetjob
+    assert 'step "live metrics: http://$HEAD_IP:$PORT_METRICS/metrics"' in hetjob
+    assert "metrics_port" not in _render("one-node")  # not asked: not served
 
 
 def test_the_mi300x_profile_gives_every_setting_a_reason_and_a_source() -> None:

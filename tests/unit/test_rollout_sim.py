@@ -372,20 +372,40 @@ def test_clairvoyant_refuses_a_row_one_case_cannot_hold_before_simulating_any(
     assert replays == []
 
 
-def test_the_tail_starts_when_the_last_new_trajectory_is_dispatched() -> None:
-    """One engine running one request at a time: kv_affinity dispatches b when a ends, so from
-    then on one trajectory is live and only b's 5 steps remain. sticky dispatches both at once
-    (the engine queues b): its whole run is tail."""
+def _ends(c: StepCostModel, prompt: int, tokens: int) -> list[float]:
+    """When each step of a request decoding alone after ``prompt`` tokens ends."""
+    out, t = [], c.per_token_s * prompt
+    for i in range(tokens):
+        t += c.step_base_s + c.decode_token_s + c.per_kv_token_s * (prompt + i)
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("policy", ["kv_affinity", "sticky"])
+def test_the_tail_starts_when_an_engine_admits_the_last_trajectory(policy: str) -> None:
+    """One engine running one request at a time: b starts when a ends (kv_affinity holds it,
+    sticky hands it to the engine, whose queue holds it), so from then on one trajectory is live
+    and only b's 5 steps remain."""
     a, b = TraceRow("a", 100, (TraceTurn(10, None),)), TraceRow("b", 50, (TraceTurn(5, None),))
     c = StepCostModel()
     s = SimSettings(num_engines=1, kv_tokens=20_000, max_num_seqs=1, cost=c)
-    res = simulate([a, b], s, SchedulerSettings(policy="kv_affinity"))
-    a_alone = c.per_token_s * 100 + sum(
-        c.step_base_s + c.decode_token_s + c.per_kv_token_s * (100 + i) for i in range(10)
-    )
-    assert res.queue_empty_s == pytest.approx(a_alone, rel=1e-9)
+    res = simulate([a, b], s, SchedulerSettings(policy=policy))
+    assert res.queue_empty_s == pytest.approx(_ends(c, 100, 10)[-1], rel=1e-9)
     assert (res.live_at_queue_empty, res.steps, res.steps_after_queue_empty) == (1, 15, 5)
-    sticky = simulate([a, b], s, SchedulerSettings(policy="sticky"))
-    assert sticky.makespan_s == pytest.approx(res.makespan_s, rel=1e-9)
-    assert (sticky.queue_empty_s, sticky.live_at_queue_empty) == (0.0, 2)
-    assert sticky.steps_after_queue_empty == sticky.steps == 15
+
+
+def test_the_tail_counts_the_steps_another_engine_has_left_in_its_run() -> None:
+    """Two engines, one request each at a time: c starts on b's engine when b ends, while a is
+    mid-run on the other; the steps after are c's 5 and what a had left then."""
+    a = TraceRow("a", 100, (TraceTurn(200, None),))
+    b = TraceRow("b", 50, (TraceTurn(10, None),))
+    c_row = TraceRow("c", 50, (TraceTurn(5, None),))
+    c = StepCostModel()
+    s = SimSettings(num_engines=2, kv_tokens=20_000, max_num_seqs=1, cost=c)
+    res = simulate([a, b, c_row], s, SchedulerSettings(policy="kv_affinity", split_turns=False))
+    b_end = _ends(c, 50, 10)[-1]
+    a_done = sum(end <= b_end for end in _ends(c, 100, 200))
+    assert 0 < a_done < 200  # the tail starts inside a's run
+    assert res.queue_empty_s == pytest.approx(b_end, rel=1e-9)
+    assert res.live_at_queue_empty == 2 and res.steps == 215
+    assert res.steps_after_queue_empty == 5 + 200 - a_done

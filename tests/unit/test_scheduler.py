@@ -456,7 +456,7 @@ _DRAWS = {
 }
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)  # 4x the draws of the engines and jobs alone
 @given(caps=_caps(1), **_DRAWS)
 def test_invariants_hold_and_every_trajectory_finishes(
     policy: Policy,
@@ -470,7 +470,7 @@ def test_invariants_hold_and_every_trajectory_finishes(
     _drive(policy, caps, jobs, seed, balance_gap=gap, block_size_tokens=block, split_turns=split)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(caps=_caps(2), **_DRAWS)
 def test_engines_failing_and_coming_back_keep_the_invariants(
     policy: Policy,

@@ -3,13 +3,7 @@ saves them."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-
-import psutil
-
-from perf.soak import KIND_ORDER, count_losses, process_kind, pss_by_kind
+from perf.soak import count_losses
 from rstar2.agent.loop import Trajectory
 from rstar2.trainer.batch import Rollout
 from rstar2.trainer.rollout import save_rollouts
@@ -42,31 +36,3 @@ def test_missing_repeated_and_internal_error_answers_are_counted(tmp_path):
         "tool_calls": 6,
         "tool_calls_lost": 1,
     }
-
-
-def test_memory_is_split_by_the_kind_of_process(tmp_path):
-    assert process_kind("VLLM::Worker", "") == "vllm_worker"
-    assert process_kind("VLLM::EngineCore", "") == "engine_core"
-    assert process_kind("python", "python -m sandbox_pool.zygote --workers 8") == "sandbox"
-    assert process_kind("python", "python -m rstar2.reward.host_entry 80 8") == "reward_host"
-    assert process_kind("raylet", "raylet --node") == "other"
-    # a real tree: the root counts as the trainer, its child by its command line
-    child = "import time; time.sleep(60)"
-    root = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time; "
-         f"subprocess.Popen([sys.executable, '-c', {child!r}, 'sandbox_pool.zygote']); "
-         "time.sleep(60)"],
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while not psutil.Process(root.pid).children() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        split = pss_by_kind(root.pid)
-        assert list(split) == list(KIND_ORDER)
-        assert split["trainer"] > 1 and split["sandbox"] > 1  # MiB: each a Python interpreter
-        assert all(split[k] == 0 for k in ("vllm_worker", "engine_core", "reward_host"))
-    finally:
-        for p in psutil.Process(root.pid).children(recursive=True):
-            p.kill()
-        root.kill()
-        root.wait()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -443,45 +444,36 @@ def _caps(min_engines: int) -> st.SearchStrategy[list[int]]:
     return st.lists(st.integers(800, 3000), min_size=min_engines, max_size=4)
 
 
-# the drives' draws besides the engines; balance_gap: kv_affinity's tail balancing off, eager,
-# and at its default; block: token-exact KV or paged in 16-token blocks; split: kv_affinity's
-# segments, or whole turns reserved at once
-_DRAWS = {
-    "policy": st.sampled_from(POLICIES),
-    "jobs": _JOBS,
-    "seed": st.integers(0, 1000),
-    "gap": st.sampled_from([None, 1, 2, 16]),
-    "block": st.sampled_from([1, 16]),
-    "split": st.booleans(),
-}
+# a drive's arguments besides the engines: balance_gap: kv_affinity's tail balancing off, eager,
+# and at its default; token-exact KV or paged in 16-token blocks; kv_affinity's segments, or
+# whole turns reserved at once
+_BLOCKS, _SPLITS = st.sampled_from([1, 16]), st.booleans()
+_RUNS = st.fixed_dictionaries(
+    {
+        "policy": st.sampled_from(POLICIES),
+        "jobs": _JOBS,
+        "seed": st.integers(0, 1000),
+        "balance_gap": st.sampled_from([None, 1, 2, 16]),
+        "block_size_tokens": _BLOCKS,
+        "split_turns": _SPLITS,
+    }
+)
 
 
 @settings(max_examples=200, deadline=None)  # 4x the draws of the engines and jobs alone
-@given(caps=_caps(1), **_DRAWS)
+@given(caps=_caps(1), run=_RUNS)
 def test_invariants_hold_and_every_trajectory_finishes(
-    policy: Policy,
-    caps: list[int],
-    jobs: list[tuple[int, list[int]]],
-    seed: int,
-    gap: int | None,
-    block: int,
-    split: bool,
+    caps: list[int], run: dict[str, Any]
 ) -> None:
-    _drive(policy, caps, jobs, seed, balance_gap=gap, block_size_tokens=block, split_turns=split)
+    _drive(caps=caps, **run)
 
 
 @settings(max_examples=200, deadline=None)
-@given(caps=_caps(2), **_DRAWS)
+@given(caps=_caps(2), run=_RUNS)
 def test_engines_failing_and_coming_back_keep_the_invariants(
-    policy: Policy,
-    caps: list[int],
-    jobs: list[tuple[int, list[int]]],
-    seed: int,
-    gap: int | None,
-    block: int,
-    split: bool,
+    caps: list[int], run: dict[str, Any]
 ) -> None:
-    _drive(policy, caps, jobs, seed, 0.05, gap, block_size_tokens=block, split_turns=split)
+    _drive(caps=caps, fault_rate=0.05, **run)
 
 
 class _ScanAlways(Scheduler):
@@ -498,8 +490,8 @@ class _ScanAlways(Scheduler):
     seed=st.integers(0, 1000),
     fault_rate=st.sampled_from([0.0, 0.05]),
     gap=st.sampled_from([None, 16]),
-    block=_DRAWS["block"],
-    split=_DRAWS["split"],
+    block=_BLOCKS,
+    split=_SPLITS,
 )
 def test_kv_affinity_skips_the_new_queue_only_when_its_scan_would_place_nothing(
     caps: list[int],

@@ -285,15 +285,8 @@ class Soak:
         # a minute each at one sample per 5 s; the first minute (warm-up) is left out
         growth, growth_by_kind = None, None
         if len(samples) >= 36:
-            growth = round(statistics.median(samples[-12:]) - statistics.median(samples[12:24]), 1)
-            growth_by_kind = {
-                kind: round(
-                    statistics.median(k[kind] for k in longest.by_kind[-12:])
-                    - statistics.median(k[kind] for k in longest.by_kind[12:24]),
-                    1,
-                )
-                for kind in KIND_ORDER
-            }
+            growth = _growth(samples)
+            growth_by_kind = {k: _growth([s[k] for s in longest.by_kind]) for k in KIND_ORDER}
         result = {
             "benchmark": "soak",
             "minutes": round(wall_s / 60, 1),
@@ -340,6 +333,11 @@ class Soak:
             print(f"FAILED: {failed}")
         print(json.dumps({k: v for k, v in result.items() if k != "events"}))
         return result
+
+
+def _growth(samples: list[float]) -> float:
+    """The last minute's median against the second's (one sample per 5 s), in MiB."""
+    return round(statistics.median(samples[-12:]) - statistics.median(samples[12:24]), 1)
 
 
 def _dump_stacks(pid: int) -> None:

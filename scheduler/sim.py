@@ -482,6 +482,7 @@ class Simulation:
         lat = sorted(self.latencies)
         makespan = lat[-1] if lat else 0.0
         busy = sum(e.busy_s for e in self.engines) / max(makespan * len(self.engines), 1e-12)
+        steps = sum(e.step for e in self.engines)
         return SimResult(
             policy=self.scheduler.settings.policy,
             makespan_s=makespan,
@@ -497,10 +498,10 @@ class Simulation:
             recomputed_after_move=self.recomputed_by["move"],
             recomputed_after_eviction=self.recomputed_by["evicted"],
             engine_max_used_fraction=max(e.max_used for e in self.engines) / self.s.kv_tokens,
-            steps=sum(e.step for e in self.engines),
+            steps=steps,
             queue_empty_s=self._queue_empty[0],
             live_at_queue_empty=self._queue_empty[1],
-            steps_after_queue_empty=sum(e.step for e in self.engines) - self._queue_empty[2],
+            steps_after_queue_empty=steps - self._queue_empty[2],
         )
 
 

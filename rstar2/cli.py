@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from rstar2 import cli_launch, cli_run
 from rstar2.config import ConfigError
 
 EXIT_USER_ERROR = 2
@@ -19,6 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return EXIT_USER_ERROR
+    from launcher.slurm import LaunchError
     from rstar2.data.schema import DataError
     from rstar2.reward.host import RewardHostBroken
     from rstar2.rollout.dispatch import AllEnginesDown
@@ -31,6 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rstar2: config error: {exc}", file=sys.stderr)
     except DataError as exc:
         print(f"rstar2: data error: {exc}", file=sys.stderr)
+    except LaunchError as exc:
+        print(f"rstar2: launch error: {exc}", file=sys.stderr)
     except CheckpointError as exc:
         print(f"rstar2: checkpoint error: {exc}", file=sys.stderr)
         return 1
@@ -117,7 +121,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_config_args(sft)
     sft.add_argument("--run-dir", type=Path, help="run folder (default: RUNS_DIR/NAME-sft-TIME)")
     sft.add_argument("--quiet", action="store_true", help="no progress bar")
-    sft.set_defaults(handler=_cmd_sft)
+    sft.set_defaults(handler=cli_run.cmd_sft)
 
     train = sub.add_parser(
         "train", help="the recipe: [tiny model] [SFT] then GRPO-RoC RL stages, with eval"
@@ -140,7 +144,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="train on rollouts saved by --save-rollouts instead of generating (no engines)",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bars")
-    train.set_defaults(handler=_cmd_train)
+    train.set_defaults(handler=cli_run.cmd_train)
 
     launch = sub.add_parser("launch", help="start a run on a cluster")
     launch_sub = launch.add_subparsers(metavar="WHERE")
@@ -155,7 +159,7 @@ def _build_parser() -> argparse.ArgumentParser:
         job.add_argument(
             "--dry-run", action="store_true", help="render and print the sbatch command only"
         )
-        job.set_defaults(handler=_cmd_launch_slurm, torchrun=name == "torchrun")
+        job.set_defaults(handler=cli_launch.cmd_launch_slurm, torchrun=name == "torchrun")
     local = launch_sub.add_parser(
         "local",
         help="the Slurm job's role layout on this machine (Redis, sandbox service, Ray head "
@@ -163,7 +167,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(local)
     local.add_argument("--dry-run", action="store_true", help="print what it would start only")
-    local.set_defaults(handler=_cmd_launch_local)
+    local.set_defaults(handler=cli_launch.cmd_launch_local)
 
     ev = sub.add_parser("eval", help="avg@n / pass@k of a model on a benchmark, with the tool")
     from rstar2.eval import add_arguments as add_eval_arguments
@@ -302,165 +306,6 @@ def _cmd_layout(args: argparse.Namespace) -> int:
     plan = plan_learner(section, AutoConfig.from_pretrained(config_file.parent), ranks)
     print(f"learner: {ranks} ranks, {plan.describe()}")
     return 0
-
-
-def _cmd_sft(args: argparse.Namespace) -> int:
-    import time
-
-    import torch.distributed as dist
-
-    from rstar2.config_io import load_config, write_resolved_config
-    from rstar2.console import run_console
-    from rstar2.learner.torchrun import broadcast_from_rank0, init_torchrun_group, torchrun_world
-    from rstar2.sft import check_sft_inputs, run_sft
-    from rstar2.trainer.wiring import check_learner_supported
-
-    cfg = load_config(args.config, args.overrides)
-    world = torchrun_world()  # a learner-only job under torchrun: every rank runs this
-    check_learner_supported(cfg, torchrun_ranks=world)  # before a run folder exists
-    check_sft_inputs(cfg)
-    if world is not None:
-        init_torchrun_group(cfg.cluster.accelerator)
-    try:
-        rank = dist.get_rank() if world is not None else 0
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        default = Path(cfg.runs_dir) / f"{cfg.name}-sft-{stamp}"
-        run_dir = Path(broadcast_from_rank0(str(args.run_dir or default)))
-        if rank == 0:
-            write_resolved_config(cfg, run_dir)
-            with run_console(run_dir / "logs") as log:
-                print(f"logs of transformers, torch and other libraries: {log}", flush=True)
-                summary = run_sft(cfg, run_dir, quiet=args.quiet, rank=rank)
-        else:  # its output goes where torchrun sends it
-            summary = run_sft(cfg, run_dir, quiet=True, rank=rank)
-    finally:
-        if world is not None and dist.is_initialized():
-            dist.destroy_process_group()
-    if rank != 0:
-        return 0
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(
-        f"sft: {summary['steps']} steps on {summary['conversations']} conversations "
-        f"({summary['skipped_too_long']} too long), nll {summary['first_nll']:.3f} -> "
-        f"{summary['last_nll']:.3f}"
-        + (f" on {world} ranks" if world else "")
-        + f"; model in {summary['model_dir']}"
-    )
-    return 0
-
-
-# addresses of services a resumed run may find elsewhere (a relaunched job's sandbox node, its
-# port block): where things run, never what the run computes
-RESUME_OVERRIDES = ("sandbox.url", "sandbox.redis_url", "logging.metrics_port")
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    import asyncio
-    import signal
-    import time
-
-    from rstar2.config_io import load_config, write_resolved_config
-    from rstar2.console import run_console
-    from rstar2.trainer.command import run_train
-    from rstar2.trainer.wiring import check_supported
-
-    if args.replay_rollouts is not None and not args.replay_rollouts.is_dir():
-        raise ConfigError("--replay-rollouts", f"{args.replay_rollouts} is not a folder")
-    if args.resume is not None:
-        moved = [o for o in args.overrides if o.split("=", 1)[0] not in RESUME_OVERRIDES]
-        if args.config or moved or args.run_dir:
-            raise ConfigError(
-                "--resume",
-                "takes the run's own config.json; drop other options (only where services "
-                f"moved may change: {', '.join(RESUME_OVERRIDES)})",
-            )
-        run_dir = args.resume
-        if not (run_dir / "config.json").is_file():
-            raise ConfigError("--resume", f"{run_dir} has no config.json: not a run folder")
-        cfg = load_config(run_dir / "config.json", args.overrides)
-    else:
-        cfg = load_config(args.config, args.overrides)
-        check_supported(cfg)  # before a run folder exists
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = args.run_dir or Path(cfg.runs_dir) / f"{cfg.name}-{stamp}"
-        if (run_dir / "config.json").exists():
-            raise ConfigError("--run-dir", f"{run_dir} already holds a run; use --resume")
-        write_resolved_config(cfg, run_dir)
-    print(f"run folder: {run_dir}", flush=True)
-    with run_console(run_dir / "logs") as log:
-        print(f"logs of vLLM, Ray and other libraries: {log}", flush=True)
-        summary = asyncio.run(
-            run_train(
-                cfg,
-                run_dir,
-                resume=args.resume is not None,
-                save_rollouts_dir=args.save_rollouts,
-                replay_rollouts_dir=args.replay_rollouts,
-                quiet=args.quiet,
-            )
-        )
-    if summary.get("stopped"):
-        print(f"train: stopped at step {summary['steps']}; rstar2 train --resume {run_dir}")
-        return 128 + signal.SIGTERM
-    gains = summary.get("eval_gain_points") or {}
-    gain_text = ", ".join(f"{k} {v:+.1f} points" for k, v in gains.items())
-    print(
-        f"train: {summary['steps']} steps; model in {summary['model_dir']}"
-        + (f"; held-out change {gain_text}" if gain_text else "")
-    )
-    return 0
-
-
-def _cmd_launch_slurm(args: argparse.Namespace) -> int:
-    import shlex
-
-    from launcher.plan import port_block
-    from launcher.slurm import LaunchError, prepare, submit
-    from rstar2.config_io import load_config
-
-    cfg = load_config(args.config, args.overrides)
-    attempt = prepare(cfg, torchrun=args.torchrun)  # ConfigError: nothing written
-    print(f"job script: {attempt.script}")
-    if attempt.resumes:
-        print(
-            f"note: {attempt.folder.parent} already holds a run: the job resumes it with that "
-            "run's own config.json (this config only places the job)"
-        )
-    if args.dry_run:
-        print(shlex.join(attempt.command))
-        return 0
-    try:
-        attempt = submit(attempt)
-    except LaunchError as exc:
-        print(f"rstar2: launch error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    print(f"submitted job {attempt.job_id}; logs in {attempt.folder / 'logs'}")
-    if cfg.logging.metrics_port is not None and attempt.job_id is not None:
-        port = port_block(int(attempt.job_id))["metrics"]
-        print(f"live metrics: http://HEAD:{port}/metrics (HEAD: the job's first learner node)")
-    return 0
-
-
-def _cmd_launch_local(args: argparse.Namespace) -> int:
-    import shlex
-
-    from launcher.local import plan_local, run_local
-    from rstar2.config_io import load_config
-
-    cfg = load_config(args.config, args.overrides)
-    plan = plan_local(cfg, args.config, list(args.overrides))  # ConfigError: nothing started
-    if plan.resumes:
-        print(
-            f"note: {plan.run_dir} already holds a run: the driver resumes it with that run's "
-            "own config.json (this config and its overrides only place it)"
-        )
-    if args.dry_run:
-        for service in plan.services:
-            env = " ".join(f"{k}={v}" for k, v in service.env.items())
-            print(f"{service.name}: {env + ' ' if env else ''}{shlex.join(service.command)}")
-        print(f"driver: {shlex.join(plan.driver)}")
-        return 0
-    return run_local(plan, start_timeout_s=cfg.launch.start_timeout_s)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ results are the same on every rank. A process group is created (one rank) when n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,8 @@ from rstar2.learner.megatron.convert import Dims, Fetch, Shard, mcore_shard
 from rstar2.learner.megatron.export import hf_units
 from rstar2.learner.megatron.layout import ModelShape, check_layout
 from rstar2.learner.megatron.model import ModelSpec, build_model, rope_theta
-from rstar2.learner.megatron.rope import rope_inverse_frequencies, rope_tables
+from rstar2.learner.megatron.rope import rope_inverse_frequencies
+from rstar2.learner.megatron.schedule import Objective, Pipeline
 from rstar2.learner.megatron.setup import (
     build_optimizer,
     ensure_process_group,
@@ -55,9 +56,6 @@ from rstar2.learner.settings import run_fields
 
 if TYPE_CHECKING:
     from rstar2.config import Config
-
-Objective = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
-"""A micro-batch's share of the step's loss and its metrics, from its target log-probs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,9 +125,6 @@ class MegatronLearner:
             activation_checkpointing=settings.learner.activation_checkpointing,
         )
         self.dims: Dims = self.spec.dims
-        self._inv_freq = rope_inverse_frequencies(
-            rope_theta(self.hf_config), self.dims.head_dim, self.device
-        )
         model = build_model(
             self.spec, pre_process=self.shard.first_stage, post_process=self.shard.last_stage
         )
@@ -138,6 +133,10 @@ class MegatronLearner:
         self.data_parallel = self.layout.data_parallel
         self.dp_rank = ps.get_data_parallel_rank()
         self.model = wrap_ddp(model.to(self.device), distributed_optimizer=self.data_parallel > 1)
+        inv_freq = rope_inverse_frequencies(
+            rope_theta(self.hf_config), self.dims.head_dim, self.device
+        )
+        self.pipeline = Pipeline(self.model, self.spec, self.shard, inv_freq, self.device)
         self._step = 0
         self.reset_optimizer()
 
@@ -153,7 +152,7 @@ class MegatronLearner:
         mbs, real = self._micro_batches(batch)
         self.model.eval()
         with torch.no_grad():
-            outs = self._run(mbs, forward_only=True, objective=None)
+            outs = self.pipeline.run(mbs, forward_only=True, objective=None)
         mine: dict[int, list[float]] = {}
         if self.shard.last_stage and real:
             for mb, lp in zip(mbs, outs, strict=True):
@@ -204,7 +203,7 @@ class MegatronLearner:
         """Forward and backward of every micro-batch with ``objective``, then the update; the
         objective's metrics summed over micro-batches and data-parallel ranks."""
         self.model.train()
-        outs = self._run(mbs, forward_only=False, objective=objective)
+        outs = self.pipeline.run(mbs, forward_only=False, objective=objective)
         sums: dict[str, float] = {}
         for metrics in outs:
             for k, v in metrics.items():
@@ -278,7 +277,7 @@ class MegatronLearner:
         self._optimizer_steps = counters.optimizer_steps
 
     def close(self) -> None:
-        for name in ("model", "optimizer"):
+        for name in ("pipeline", "model", "optimizer"):
             self.__dict__.pop(name, None)
 
     # ---- internals ----
@@ -293,93 +292,6 @@ class MegatronLearner:
         budget = self.settings.learner.micro_batch_tokens_per_gpu
         groups = plan([len(batch[i].token_ids) for i in mine], budget)
         return [pack(batch, [mine[j] for j in g]).to(self.device) for g in groups], real
-
-    def _run(
-        self,
-        mbs: list[MicroBatch],
-        *,
-        forward_only: bool,
-        objective: Objective | None,
-    ) -> list[Any]:
-        """Every micro-batch through the pipeline; the last stage's per-micro-batch outputs:
-        the objective's metrics, or the log-probs when there is no objective."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        from rstar2.learner.megatron.attention import PackedRows
-
-        n = len(mbs)
-        it = iter(mbs)
-
-        def forward_step(_data: Any, model: Any) -> tuple[torch.Tensor, Any]:
-            mb = next(it)
-            ids, positions, lengths = self._padded(mb)
-            bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
-            cu = torch.tensor(bounds, dtype=torch.int32, device=self.device)
-            longest = max(lengths)
-            cos, sin = rope_tables(positions[0], self._inv_freq, self.spec.params_dtype)
-            packed = PackedRows(
-                qkv_format="thd",
-                cu_seqlens_q=cu,
-                cu_seqlens_kv=cu,
-                max_seqlen_q=longest,
-                max_seqlen_kv=longest,
-                bounds=tuple(bounds),
-                rope_cos=cos,
-                rope_sin=sin,
-            )
-            out = model(
-                input_ids=ids, position_ids=positions, attention_mask=None, packed_seq_params=packed
-            )
-
-            def reduce(logits: torch.Tensor) -> tuple[torch.Tensor, Any]:
-                logits = logits[:, : mb.num_tokens]  # without the padding
-                lp = self._token_logprobs(logits, mb.targets) * mb.valid  # [1, T]
-                if objective is None:
-                    return lp.sum() * 0, lp[0].detach()
-                value, metrics = objective(mb, lp)
-                return value * n, metrics  # the schedule divides by the micro-batch count
-
-            return out, reduce
-
-        run = get_forward_backward_func()
-        return list(
-            run(
-                forward_step_func=forward_step,
-                data_iterator=iter(range(n)),
-                model=[self.model],
-                num_microbatches=n,
-                seq_length=max(mb.num_tokens for mb in mbs),
-                micro_batch_size=1,
-                forward_only=forward_only,
-            )
-        )
-
-    def _padded(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Token ids, positions and sequence lengths of ``mb``, with a padding sequence at the
-        end where sequence parallelism needs the row to divide by TP (it attends only to
-        itself, and its outputs are dropped)."""
-        tp = self.layout.tensor_parallel
-        pad = -mb.num_tokens % tp if self.layout.sequence_parallel else 0
-        if not pad:
-            return mb.input_ids, mb.position_ids, mb.lengths
-        filler = torch.arange(pad, device=mb.input_ids.device)[None]
-        ids = torch.cat([mb.input_ids, torch.zeros_like(filler)], dim=1)
-        return ids, torch.cat([mb.position_ids, filler], dim=1), [*mb.lengths, pad]
-
-    def _token_logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """log p(target) from this rank's vocabulary slice of ``logits`` [1, T, V/TP], by
-        vocab-parallel cross entropy (the vocabulary is never gathered). The padding rows of
-        the vocabulary are masked out, so the distribution is the HF model's."""
-        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
-        logits = logits.float()
-        width = logits.shape[-1]
-        start = self.shard.tp_rank * width
-        if start + width > self.dims.vocab_size:
-            padding = torch.arange(start, start + width, device=logits.device)
-            logits = logits.masked_fill(padding >= self.dims.vocab_size, float("-inf"))
-        nll = vocab_parallel_cross_entropy(logits.transpose(0, 1), targets.transpose(0, 1))
-        return -nll.transpose(0, 1)
 
     def _apply_update(self) -> dict[str, float]:
         """Step the optimizer on the gradients the schedule reduced (data-parallel ranks,

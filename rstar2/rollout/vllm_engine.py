@@ -12,7 +12,7 @@ Create inside a running event loop: ``engine = await VLLMEngine.create(...)``; `
 engine.aclose()`` when done. Module-level imports of vLLM are deferred so importing this module
 is cheap. Nothing here changes the process's state for good: each engine has its own KV size
 (not the process-wide VLLM_CPU_KVCACHE_SPACE), vLLM's writes to os.environ are undone
-(:func:`_spawn_environment`), and stats are per engine.
+(:mod:`rstar2.rollout.vllm_env`), and stats are per engine.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from rstar2.config import RolloutConfig
 from rstar2.rollout.engine import EngineDown, FinishReason, Generation, KVStats, SamplingSettings
+from rstar2.rollout.vllm_env import spawn_environment
 
 WORKER_EXTENSION = "rstar2.rollout.vllm_worker_ext.WeightUpdateExtension"
 DEAD_POLL_S = 0.5  # how often an RPC in flight looks whether the engine core died
@@ -172,7 +173,7 @@ class VLLMEngine:
         built: list[Any] = []
 
         def build() -> None:
-            with _spawn_environment():
+            with spawn_environment(on_cpu=current_platform.is_cpu()):
                 if config.weight_transfer == "ipc":  # IPC handles reach the engine core pickled
                     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
                 built.append(AsyncLLM.from_engine_args(args, stat_loggers=[tap]))
@@ -384,20 +385,3 @@ class VLLMEngine:
         self._llm.shutdown()
         self._llm = None
         gc.collect()
-
-
-@contextlib.contextmanager
-def _spawn_environment() -> Iterator[None]:
-    """Undo on exit what vLLM writes into os.environ while it spawns its engine-core process:
-    its CPU platform sets LD_PRELOAD of libgomp and thread counts there for its children, and
-    left there they would leak into every later engine and subprocess of ours (sandbox
-    zygotes, reward workers) and slow them."""
-    environ = dict(os.environ)
-    try:
-        yield
-    finally:  # only the keys that changed (no clear(): other threads read os.environ)
-        for key in [k for k in os.environ if k not in environ]:
-            os.environ.pop(key, None)
-        for key, value in environ.items():
-            if os.environ.get(key) != value:
-                os.environ[key] = value

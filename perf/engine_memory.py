@@ -85,8 +85,10 @@ async def measure(model: Path, cache_entries: int | None, steps: int, seed: int)
         await engine.aclose()
     wall_s = time.perf_counter() - start
     return {
-        "cache_entries": cache_entries or int(before or CPU_ONEDNN_CACHE_ENTRIES),
-        "set_by": "engine" if cache_entries is None else "benchmark",
+        "cache_entries": int(before or CPU_ONEDNN_CACHE_ENTRIES)
+        if cache_entries is None
+        else cache_entries,
+        "set_by": "benchmark" if cache_entries is not None else "user" if before else "engine",
         "steps": steps,
         "worker_pss_after_first_step_mib": round(first_mib, 1),
         "worker_pss_after_last_step_mib": round(last_mib, 1),

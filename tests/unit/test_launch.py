@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -240,6 +241,18 @@ def test_the_dry_run_writes_an_attempt_and_prints_the_sbatch_command(tmp_path: P
     ]  # fmt: skip
     job = Config.model_validate_json((attempt / "config.json").read_text())
     assert job.cluster.ray and job.cluster.num_nodes == 1  # the driver runs in the job's Ray
+
+
+def test_a_launch_without_sbatch_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    python_only = tmp_path / "bin"  # a PATH with python and no sbatch
+    python_only.mkdir()
+    (python_only / "python").symlink_to(sys.executable)
+    args = ["launch", "slurm", "--config", str(PAPER), f"runs_dir={tmp_path}"]
+    proc = run_cli(*args, *CASES["one-node"][1], env={"PATH": str(python_only)})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "rstar2: launch error: sbatch not found: run this on a Slurm login node (or use --dry-run)"
+    )
 
 
 def test_ray_sees_hip_devices_only_on_rocm_and_no_gpu_on_cpu_nodes() -> None:

@@ -19,7 +19,7 @@ Objective = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, f
 """A micro-batch's share of the step's loss and its metrics, from its target log-probs."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Pipeline:
     """This rank's model chunk and what its forward steps need."""
 

@@ -6,7 +6,8 @@ and the code-judge API is served as code-judge serves it (:mod:`sandbox_pool.cod
 
 What a call can and cannot do (service running as root on Linux, the default deployment):
 - It runs in a fresh process forked from a warm zygote, never reused, as an unprivileged uid of
-  its own (no supplementary groups, no-new-privileges), in its own session and process group,
+  its own (no supplementary groups, no-new-privileges; no other pool on the host hands out the
+  same uids: :mod:`sandbox_pool.uids`), in its own session and process group,
   and as PID 1 of its own PID namespace: when it ends, the kernel kills everything it started
   (fork bombs, daemons, setsid escapes included); it cannot see or signal the server.
 - Limits it cannot raise (soft = hard, no privileges): CPU seconds, address space, processes,

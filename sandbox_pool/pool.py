@@ -29,10 +29,11 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import IO, Any
 
 from sandbox_pool.api import SandboxAPI
 from sandbox_pool.images import HEAVY, LIGHT, Image, ImageName, image_for
+from sandbox_pool.isolation import is_root
 from sandbox_pool.protocol import (
     ExecRequest,
     ExecResult,
@@ -43,6 +44,7 @@ from sandbox_pool.protocol import (
     timeout_message,
     write_all,
 )
+from sandbox_pool.uids import UidBlocksExhausted, claim_uid_block
 from sandbox_pool.zygote import ZygoteConfig
 from sandbox_pool.zygote_client import (
     ChildHandle,
@@ -80,7 +82,9 @@ class PoolConfig:
     limits: Limits = field(default_factory=Limits)  # per-call caps; a call may ask for less
     light: Image = LIGHT
     heavy: Image = HEAVY
-    uid_base: int | None = DEFAULT_UID_BASE  # first of the unprivileged uids (root only)
+    # first of the unprivileged uids (root only); each pool on a host takes its own block of
+    # them from here (sandbox_pool.uids), so two pools never share a uid
+    uid_base: int | None = DEFAULT_UID_BASE
     startup_timeout_s: float = 60.0
     allow_weak_isolation: bool = False  # serve even where a layer cannot be applied (unsafe)
     cpp_compiler: str = "g++"
@@ -101,6 +105,8 @@ class SandboxPool(SandboxAPI):
             "light": ZygoteHandle(self._zygote_config(self.config.light)),
             "heavy": ZygoteHandle(self._zygote_config(self.config.heavy)),
         }
+        self._uid_lock: IO[str] | None = None  # held while this pool owns its uid block
+        self._uids_claimed = False
         self._slots = asyncio.Semaphore(self.num_workers)
         self._draining = asyncio.Event()
         self._waiting = 0
@@ -122,6 +128,7 @@ class SandboxPool(SandboxAPI):
         """Launch both zygotes and wait until each has a ready child (idempotent)."""
         if self._closed:
             raise PoolClosed("SandboxPool is closed")
+        self._claim_uids()
         for zygote in self._zygotes.values():
             child = await zygote.take(self.config.startup_timeout_s)
             zygote.ready.put_nowait(child)
@@ -137,6 +144,22 @@ class SandboxPool(SandboxAPI):
             zygote.stop()
         for zygote in self._zygotes.values():
             await zygote.wait_stopped()
+        if self._uid_lock is not None:  # no child of ours runs as one of its uids now
+            self._uid_lock.close()
+            self._uid_lock = None
+
+    def _claim_uids(self) -> None:
+        """Take this pool's own block of uids before its zygotes first start (root only: uids
+        are dropped only there). Raises IsolationUnavailable when every block is held."""
+        if self._uids_claimed or self.config.uid_base is None or not is_root():
+            return
+        try:
+            first, self._uid_lock = claim_uid_block(self.config.uid_base)
+        except UidBlocksExhausted as exc:
+            raise IsolationUnavailable(str(exc)) from None
+        self._uids_claimed = True
+        self._zygotes["light"].config = self._zygote_config(self.config.light, first)
+        self._zygotes["heavy"].config = self._zygote_config(self.config.heavy, first)
 
     def drain(self) -> None:
         """Hand back every call that has not started (it raises :class:`PoolDraining`, now or
@@ -192,6 +215,7 @@ class SandboxPool(SandboxAPI):
             # find every one of them dead before a fresh one comes
             for _ in range(zygote.config.num_children + 1):
                 try:
+                    self._claim_uids()  # a pool used without start()
                     child = await zygote.take(self.config.startup_timeout_s)
                 except (TimeoutError, IsolationUnavailable) as exc:
                     reason = str(exc) or "no sandbox process became ready"
@@ -291,16 +315,15 @@ class SandboxPool(SandboxAPI):
             result = replace(result, status="output_limit")
         return result
 
-    def _zygote_config(self, image: Image) -> ZygoteConfig:
+    def _zygote_config(self, image: Image, uid_base: int | None = None) -> ZygoteConfig:
         lim = self.config.limits
         n = self.num_workers
+        base = self.config.uid_base if uid_base is None else uid_base
         return ZygoteConfig(
             num_children=3 * n + 2,
             low_watermark=n + 1,
             preload=image.preload,
-            uid_base=None
-            if self.config.uid_base is None
-            else self.config.uid_base + (0 if image.name == "light" else 100_000),
+            uid_base=None if base is None else base + (0 if image.name == "light" else 100_000),
             max_processes=lim.max_processes,
             max_file_mb=lim.max_file_mb,
             max_open_files=lim.max_open_files,

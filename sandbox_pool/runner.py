@@ -11,8 +11,11 @@ reads after the call. Guarantees, in both modes:
 - The call ends when the script and every process it started have ended: the interpreter's
   own shutdown runs (non-daemon threads joined, atexit handlers), then lingering child
   processes are waited for (the pool's deadline bounds the wait).
-- ``os._exit(n)`` reports ``n`` before exiting (so the pool does not wait for the zygote to
-  reap the process); the stdlib function is replaced in the child only, here and nowhere else.
+- ``os._exit(n)`` in the call's own process reports ``n`` before exiting (so the pool does not
+  wait for the zygote to reap the process); the stdlib function is replaced in the child only,
+  here and nowhere else. A process the snippet forks (``os.fork``, ``multiprocessing``) ends as
+  it would under ``python3 main.py`` (``os._exit``, ``sys.exit`` or the snippet's end) and never
+  ends the call.
 
 Modes: ``script`` is plain Python (code-judge's endpoints): an uncaught exception prints the
 standard traceback, exit code 1. ``cell`` is the rStar2 tool's (our agent loop and /v1): a final
@@ -63,6 +66,7 @@ class Runner:
         self.path = os.path.join(workdir, SCRIPT_NAME)
         self.report: Report | None = None
         self.start = 0.0
+        self.pid = 0  # the call's own process; the processes it forks never report its end
         streams = _PREBUILT_STREAMS or _make_streams()
         self.module = types.ModuleType("__main__")
         sys.stdin, sys.stdout, sys.stderr = streams
@@ -80,13 +84,15 @@ class Runner:
         ``report`` receives ``{status, exit_code, duration_s}``; a C++ call first reports
         ``{"started": true}`` once compiled (the pool's run deadline starts there).
         """
-        self.report, self.start = report, time.perf_counter()
+        self.report, self.start, self.pid = report, time.perf_counter(), os.getpid()
         if call.get("stdin"):
             _install_stdin(call["stdin"])  # else fd 0 stays /dev/null: an empty stdin
         if call.get("language") == "cpp":
             status, code = _run_cpp(call, self.workdir, report)
         else:
             status, code = self._run_python(call)
+            if os.getpid() != self.pid:  # a process the snippet forked, at its own end
+                self._real_exit(code)  # as a script's forked child ends (it flushed above)
         _reap_all()
         report(
             {"status": status, "exit_code": code, "duration_s": time.perf_counter() - self.start}
@@ -116,10 +122,10 @@ class Runner:
         return status, code
 
     def _hook_os_exit(self) -> None:
-        real_exit = os._exit
+        real_exit = self._real_exit = os._exit
 
         def _exit(code: int) -> None:
-            if self.report is not None:
+            if self.report is not None and os.getpid() == self.pid:
                 status = "ok" if code == 0 else "error"
                 elapsed = time.perf_counter() - self.start
                 with contextlib.suppress(BaseException):

@@ -308,6 +308,31 @@ async def test_child_cannot_signal_the_server(pool):
     await _still_serves(pool)
 
 
+async def test_processes_the_snippet_forks_end_without_ending_the_call(pool):
+    """As under ``python3 main.py``: a forked child's sys.exit, exception or os._exit is its
+    own exit status, and the call ends with its own process's output and exit code."""
+    code = (
+        "import os, sys\n"
+        "def child(how):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        if how == 'exit':\n"
+        "            sys.exit(3)\n"
+        "        if how == 'raise':\n"
+        "            raise ValueError('in the child')\n"
+        "        os._exit(4)\n"
+        "    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])\n"
+        "print([child(how) for how in ('exit', 'raise', '_exit')])\n"
+        "import multiprocessing\n"
+        "with multiprocessing.get_context('fork').Pool(2) as workers:\n"
+        "    print(workers.map(abs, [-1, -2, -3]))\n"
+        "sys.exit(5)\n"
+    )
+    r = await pool.run(code)
+    assert (r.status, r.exit_code, r.stdout) == ("error", 5, "[3, 1, 4]\n[1, 2, 3]\n"), r
+    assert "ValueError at line 8: in the child" in r.stderr, r
+
+
 async def test_each_call_gets_a_fresh_process(pool):
     await pool.run("import math\nmath.leaked = 1\nopen('left-behind', 'w').write('x')")
     r = await pool.run("import math, os\nprint(hasattr(math, 'leaked'), os.listdir('.'))")

@@ -139,13 +139,13 @@ def test_hetjob_roles_land_on_their_partitions(cluster: SlurmCluster, tmp_path: 
 
 
 def test_exit_stops_every_daemon_even_when_the_body_raises(
-    tmp_path: Path, cluster: SlurmCluster
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, cluster: SlurmCluster
 ) -> None:
     # `cluster` stays up meanwhile: a second cluster on the same machine must not clash with it
     class Boom(Exception):
         pass
 
-    with pytest.raises(Boom), slurm_cluster(tmp_path / "c") as second:
+    with pytest.raises(Boom), slurm_cluster(tmp_path_factory.mktemp("c")) as second:
         pids = dict(second.pids)
         conf = second.conf
         assert set(pids) == {"munged", "slurmctld", "slurmd-gpu1", "slurmd-gpu2", "slurmd-cpu1"}

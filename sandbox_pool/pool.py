@@ -29,7 +29,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field, replace
-from typing import IO, Any
+from typing import Any
 
 from sandbox_pool.api import SandboxAPI
 from sandbox_pool.images import HEAVY, LIGHT, Image, ImageName, image_for
@@ -105,7 +105,7 @@ class SandboxPool(SandboxAPI):
             "light": ZygoteHandle(self._zygote_config(self.config.light)),
             "heavy": ZygoteHandle(self._zygote_config(self.config.heavy)),
         }
-        self._uid_lock: IO[str] | None = None  # held while this pool owns its uid block
+        self._uid_lock: int | None = None  # a descriptor held while the pool owns its uids
         self._uids_claimed = False
         self._slots = asyncio.Semaphore(self.num_workers)
         self._draining = asyncio.Event()
@@ -145,7 +145,7 @@ class SandboxPool(SandboxAPI):
         for zygote in self._zygotes.values():
             await zygote.wait_stopped()
         if self._uid_lock is not None:  # no child of ours runs as one of its uids now
-            self._uid_lock.close()
+            os.close(self._uid_lock)
             self._uid_lock = None
 
     def _claim_uids(self) -> None:
@@ -208,6 +208,9 @@ class SandboxPool(SandboxAPI):
             await self._acquire_slot()
         finally:
             self._waiting -= 1
+        if self._closed:  # closed while this call waited: its zygotes and uids are gone
+            self._slots.release()
+            raise PoolClosed("SandboxPool is closed")
         self._running += 1
         zygote = self._zygotes[image_for(request.code, request.language)]
         try:
@@ -319,6 +322,8 @@ class SandboxPool(SandboxAPI):
         lim = self.config.limits
         n = self.num_workers
         base = self.config.uid_base if uid_base is None else uid_base
+        if 2 * (3 * n + 2) + 8 > 100_000:  # the light image's uids would reach the heavy one's
+            raise ValueError(f"num_workers={n} is more than a uid block serves")
         return ZygoteConfig(
             num_children=3 * n + 2,
             low_watermark=n + 1,

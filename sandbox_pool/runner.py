@@ -12,10 +12,10 @@ reads after the call. Guarantees, in both modes:
   own shutdown runs (non-daemon threads joined, atexit handlers), then lingering child
   processes are waited for (the pool's deadline bounds the wait).
 - ``os._exit(n)`` in the call's own process reports ``n`` before exiting (so the pool does not
-  wait for the zygote to reap the process); the stdlib function is replaced in the child only,
-  here and nowhere else. A process the snippet forks (``os.fork``, ``multiprocessing``) ends as
-  it would under ``python3 main.py`` (``os._exit``, ``sys.exit`` or the snippet's end) and never
-  ends the call.
+  wait for the zygote to reap the process); the stdlib function is replaced in sandbox
+  processes only (the zygote and its children), here and nowhere else. A process the snippet
+  forks (``os.fork``, ``multiprocessing``) ends on its own (``os._exit``, ``sys.exit`` or the
+  snippet's end, as under ``python3 main.py``) and never ends the call.
 
 Modes: ``script`` is plain Python (code-judge's endpoints): an uncaught exception prints the
 standard traceback, exit code 1. ``cell`` is the rStar2 tool's (our agent loop and /v1): a final
@@ -85,6 +85,7 @@ class Runner:
         ``{"started": true}`` once compiled (the pool's run deadline starts there).
         """
         self.report, self.start, self.pid = report, time.perf_counter(), os.getpid()
+        os.register_at_fork(after_in_child=self._forked)  # even one that is PID 1 of its own
         if call.get("stdin"):
             _install_stdin(call["stdin"])  # else fd 0 stays /dev/null: an empty stdin
         if call.get("language") == "cpp":
@@ -120,6 +121,9 @@ class Runner:
         if status == "ok" and code != 0:
             status = "error"
         return status, code
+
+    def _forked(self) -> None:
+        self.pid = -1  # a process the snippet forked: it never reports the call's end
 
     def _hook_os_exit(self) -> None:
         real_exit = self._real_exit = os._exit

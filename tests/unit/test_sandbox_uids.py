@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,14 +27,37 @@ def test_live_claims_get_disjoint_blocks_and_a_closed_one_is_free_again(tmp_path
     with pytest.raises(UidBlocksExhausted, match="all 3 sandbox uid blocks from uid 1000"):
         claim_uid_block(1_000, blocks=3, lock_dir=tmp_path)
     assert b is not None
-    b.close()
+    os.close(b)
     again, d = claim_uid_block(1_000, blocks=3, lock_dir=tmp_path)
     assert again == second
-    for lock in (a, c, d):
-        assert lock is not None
-        lock.close()
-    # nowhere to keep locks (a read-only /tmp): the first block, unguarded, as before blocks
-    assert claim_uid_block(1_000, lock_dir=tmp_path / "missing") == (1_000, None)
+    for fd in (a, c, d):
+        assert fd is not None
+        os.close(fd)
+
+
+def test_a_lock_directory_others_can_write_is_not_used(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone could plant or hold its lock files: uncoordinated, as before
+    assert claim_uid_block(1_000, lock_dir=shared) == (1_000, None)
+
+
+@needs_root
+def test_a_block_whose_uids_still_run_processes_is_skipped(tmp_path: Path) -> None:
+    """A pool that just closed (or died) may leave processes exiting: their uids' process
+    counts are not yet free, so the next pool takes another block."""
+    lingering = subprocess.Popen(["sleep", "60"], user=1_005)
+    try:
+        first, fd = claim_uid_block(1_000, lock_dir=tmp_path)
+        assert first == 1_000 + UID_BLOCK
+        assert fd is not None
+        os.close(fd)
+    finally:
+        lingering.kill()
+        lingering.wait()
+    first, fd = claim_uid_block(1_000, lock_dir=tmp_path)
+    assert first == 1_000 and fd is not None
+    os.close(fd)
 
 
 def _processes_by_uid(uids: range) -> Counter[int]:

@@ -322,10 +322,11 @@ class SandboxPool(SandboxAPI):
         lim = self.config.limits
         n = self.num_workers
         base = self.config.uid_base if uid_base is None else uid_base
-        if 2 * (3 * n + 2) + 8 > 100_000:  # the light image's uids would reach the heavy one's
+        children = 3 * n + 2
+        if 2 * children + 8 > 100_000:  # the light image's uids would reach the heavy one's
             raise ValueError(f"num_workers={n} is more than a uid block serves")
         return ZygoteConfig(
-            num_children=3 * n + 2,
+            num_children=children,
             low_watermark=n + 1,
             preload=image.preload,
             uid_base=None if base is None else base + (0 if image.name == "light" else 100_000),

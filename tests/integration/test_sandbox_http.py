@@ -13,6 +13,10 @@ from aiohttp.test_utils import TestServer
 from sandbox_pool import ClientConfig, ExecRequest, Limits, PoolConfig, SandboxClient, SandboxPool
 from sandbox_pool.server import SandboxServer, ServerConfig
 
+# /healthz answers from the event loop, never behind a call: well under the 1 s a call blocked
+# behind it would take, with room for a loaded machine running other tests beside it
+HEALTHZ_S = 0.5
+
 
 @pytest.fixture
 async def service():
@@ -91,7 +95,7 @@ async def test_metrics_and_health(service):
     start = time.perf_counter()
     async with s.get(url(ts, "/healthz")) as r:
         assert r.status == 200 and (await r.json())["status"] == "ok"
-    assert time.perf_counter() - start < 0.1
+    assert time.perf_counter() - start < HEALTHZ_S
     async with s.get(url(ts, "/metrics")) as r:
         text = await r.text()
     for name in (
@@ -169,7 +173,7 @@ async def test_hostile_snippets_leave_the_server_healthy(service, name):
     start = time.perf_counter()
     async with s.get(url(ts, "/healthz")) as r:
         assert r.status == 200
-    assert time.perf_counter() - start < 0.1
+    assert time.perf_counter() - start < HEALTHZ_S
     async with s.post(url(ts, "/v1/execute"), json={"code": "print('alive')"}) as r:
         assert (await r.json())["stdout"] == "alive\n"
 

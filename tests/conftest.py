@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +15,13 @@ REPO = Path(__file__).resolve().parent.parent
 # `--dist loadfile` hands whole modules to its workers in collection order, so these go first:
 # a long module handed out last would run alone at the end.
 LONGEST_FIRST = (
-    "test_trainer_vllm.py",
-    "test_toy_ahead.py",
-    "test_sandbox_image.py",
+    "test_trainer_vllm.py",  # builds the shared tool model first ...
+    "test_toy_ahead.py",  # ... while the other worker runs this, which does not need it
+    "test_agent_vllm.py",
     "test_engine_failover.py",
+    "test_ray_engine.py",
+    "test_sandbox_image.py",
+    "test_learner_megatron.py",
 )
 
 
@@ -51,13 +55,26 @@ def run_cli(
 def scorer():
     from rstar2.reward import RewardScorer
 
-    with RewardScorer(timeout_s=10.0, num_workers=2) as s:
+    with RewardScorer(timeout_s=3.0, num_workers=2) as s:
         yield s
 
 
 @pytest.fixture(scope="session")
 def tool_model_dir(tmp_path_factory) -> Path:
-    """The tiny tool-using model of tests/helpers/tool_model.py, trained once per session."""
+    """The tiny tool-using model of tests/helpers/tool_model.py, trained once per run: the
+    pytest-xdist workers of one run share it (the first to ask builds it under a file lock)."""
+    from filelock import FileLock
+
     from tests.helpers.tool_model import build_tool_model
 
-    return build_tool_model(tmp_path_factory.mktemp("tool-model"))
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's base folder, above the workers' own
+    folder, done = root / "tool-model", root / "tool-model.done"
+    with FileLock(str(root / "tool-model.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that died midway
+            folder.mkdir()
+            build_tool_model(folder)
+            done.touch()
+    return folder

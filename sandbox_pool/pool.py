@@ -125,28 +125,40 @@ class SandboxPool(SandboxAPI):
         await self.aclose()
 
     async def start(self) -> None:
-        """Launch both zygotes and wait until each has a ready child (idempotent)."""
+        """Launch both zygotes and wait until each has a ready child (idempotent). When that
+        fails the pool is closed (what started is stopped, its uids let go) and the error
+        raised."""
         if self._closed:
             raise PoolClosed("SandboxPool is closed")
-        self._claim_uids()
-        for zygote in self._zygotes.values():
-            child = await zygote.take(self.config.startup_timeout_s)
-            zygote.ready.put_nowait(child)
+        try:
+            self._claim_uids()
+            for zygote in self._zygotes.values():
+                child = await zygote.take(self.config.startup_timeout_s)
+                zygote.ready.put_nowait(child)
+        except BaseException:
+            await asyncio.shield(self.aclose())
+            raise
 
     async def aclose(self) -> None:
         """Let in-flight calls finish, then stop the zygotes. Safe to call twice."""
         if self._closed:
             return
         self._closed = True
-        while self._running:
-            await asyncio.sleep(0.01)
-        for zygote in self._zygotes.values():
-            zygote.stop()
-        for zygote in self._zygotes.values():
-            await zygote.wait_stopped()
-        if self._uid_lock is not None:  # no child of ours runs as one of its uids now
-            os.close(self._uid_lock)
-            self._uid_lock = None
+        try:
+            while self._running:
+                await asyncio.sleep(0.01)
+            for zygote in self._zygotes.values():
+                zygote.stop()
+            for zygote in self._zygotes.values():
+                await zygote.wait_stopped()
+        finally:
+            # cancelled before its children were gone, the block is let go all the same: a
+            # claim skips a block while processes of its uids live (sandbox_pool.uids)
+            for zygote in self._zygotes.values():
+                zygote.stop()
+            if self._uid_lock is not None:
+                os.close(self._uid_lock)
+                self._uid_lock = None
 
     def _claim_uids(self) -> None:
         """Take this pool's own block of uids before its zygotes first start (root only: uids

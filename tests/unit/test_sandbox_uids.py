@@ -137,3 +137,22 @@ def _pids_of_uid(uid: int) -> list[int]:
             except OSError:
                 pass
     return pids
+
+
+@needs_root
+async def test_a_pool_that_fails_to_start_stops_its_zygotes_and_lets_its_block_go() -> None:
+    base = 3_100_000  # no other pool's block: this one is free again only if let go
+    pool = SandboxPool(PoolConfig(num_workers=1, uid_base=base, startup_timeout_s=1e-4))
+    with pytest.raises(TimeoutError):
+        await pool.start()
+    assert all(z._proc is None or z._proc.returncode is not None for z in pool._zygotes.values())
+    deadline = time.monotonic() + 30  # a child that had taken one of its uids may still exit
+    while True:
+        try:
+            first, fd = claim_uid_block(base, blocks=1)
+            break
+        except UidBlocksExhausted:
+            assert time.monotonic() < deadline, "the failed pool still holds its uid block"
+            await asyncio.sleep(0.1)
+    assert first == base and fd is not None
+    os.close(fd)

@@ -13,7 +13,7 @@ mypy
 if [[ $# -gt 0 ]]; then
   exec pytest -q "$@"
 fi
-pytest -q -n "${RSTAR2_TEST_WORKERS:-2}" --dist loadfile -m "not serial"
+pytest -q -n "${RSTAR2_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder -m "not serial"
 pytest -q -m serial
 # the benchmarks as a smoke test (no timing gate): each micro benchmark once, the quick suite
 pytest -q -p no:cacheprovider perf --benchmark-disable

@@ -11,9 +11,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-# The longest modules, longest first (from `--durations` of a whole run). pytest-xdist's
-# `--dist loadfile` hands whole modules to its workers in collection order, so these go first:
-# a long module handed out last would run alone at the end.
+# The longest modules, longest first (from `--durations` of a whole run). scripts/test.sh's
+# `--dist loadfile --no-loadscope-reorder` hands whole modules to the pytest-xdist workers in
+# collection order, so these go first: a long module handed out last would run alone at the end.
 LONGEST_FIRST = (
     "test_trainer_vllm.py",  # builds the shared tool model first ...
     "test_toy_ahead.py",  # ... while the other worker runs this, which does not need it

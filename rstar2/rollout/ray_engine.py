@@ -18,9 +18,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rstar2.rollout.engine import EngineDown, Generation, KVStats, SamplingSettings
-from rstar2.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+from rstar2.rollout.vllm_engine import RPC_TIMEOUT_S, VLLMEngine, VLLMEngineConfig
 
 CLOSE_TIMEOUT_S = 60.0  # an engine actor's own shutdown; past it the actor is killed
+# an actor call: the engine inside bounds its own calls at RPC_TIMEOUT_S (and says which one
+# hung); this bounds an actor that does not answer at all
+ACTOR_CALL_TIMEOUT_S = RPC_TIMEOUT_S + 60.0
 
 
 class EngineActor:
@@ -185,13 +188,13 @@ class RayEngine:
         return self._alive
 
     async def begin_weight_update(self) -> None:
-        await self._live().begin_weight_update.remote()
+        await self._call("a weight update", "begin_weight_update")
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        await self._live().update_weights.remote(list(named_tensors))
+        await self._call("a weight update", "update_weights", list(named_tensors))
 
     async def finish_weight_update(self) -> None:
-        await self._live().finish_bucket_update.remote()
+        await self._call("a weight update", "finish_bucket_update")
 
     # ---- vLLM's native weight transfer (rstar2.sync.vllm_native) ----
 
@@ -202,31 +205,54 @@ class RayEngine:
     async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        await self._live().init_weight_transfer_engine.remote(WeightTransferInitRequest(init_info))
+        request = WeightTransferInitRequest(init_info)
+        await self._call(  # waits for the learner's side: no deadline of ours
+            "the weight-transfer set-up", "init_weight_transfer_engine", request, bounded=False
+        )
 
     async def start_weight_transfer(self) -> None:
-        await self._live().start_weight_update.remote()
+        await self._call("a weight update", "start_weight_update")
 
     async def receive_weights(self, update_info: dict[str, Any]) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        await self._live().update_weights.remote(WeightTransferUpdateRequest(update_info))
+        request = WeightTransferUpdateRequest(update_info)
+        await self._call("a weight update", "update_weights", request)
 
     async def finish_weight_transfer(self, version: str | None = None) -> None:
-        await self._live().finish_weight_update.remote(version)
+        await self._call("a weight update", "finish_weight_update", version)
 
     async def set_weight_version(self, version: str) -> None:
-        await self._live().update_weight_version.remote(version)
+        await self._call("a weight update", "update_weight_version", version)
 
     async def sleep(self, level: int) -> None:
-        await self._live().sleep.remote(level)
+        await self._call("sleep", "sleep", level)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
-        await self._live().wake_up.remote(tags)
+        await self._call("wake-up", "wake_up", tags)
 
     async def weight_checksum(self) -> str:
-        checksum: str = await self._live().weight_checksum.remote()
-        return checksum
+        return str(await self._call("a checksum", "weight_checksum"))
+
+    async def _call(self, what: str, method: str, *args: Any, bounded: bool = True) -> Any:
+        """One call of the actor's ``method``. EngineDown when the actor is gone (killed, its
+        node lost) or, ``bounded``, has not answered in ``ACTOR_CALL_TIMEOUT_S``, as the
+        in-process engine raises it (the weight sync and the runtime restart an engine on
+        EngineDown; any other error stops the run). An EngineDown raised inside the actor
+        arrives as itself (Ray's task error is an instance of its cause's class)."""
+        import ray.exceptions
+
+        ref = getattr(self._live(), method).remote(*args)
+        try:
+            if not bounded:
+                return await ref
+            return await asyncio.wait_for(ref, ACTOR_CALL_TIMEOUT_S)
+        except TimeoutError:
+            raise EngineDown(
+                f"the engine actor did not answer {what} in {ACTOR_CALL_TIMEOUT_S:g}s"
+            ) from None
+        except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
+            raise EngineDown(f"the engine actor is gone ({what}): {exc}".splitlines()[0]) from exc
 
     async def aclose(self) -> None:
         """Stop the stats task, the engine, and the actor (idempotent)."""

@@ -15,6 +15,7 @@ from rstar2.config import OptimConfig
 from rstar2.learner.protocol import TrainSequence
 from rstar2.learner.torch_backend import TorchLearner, TorchLearnerSettings
 from rstar2.rollout.dispatch import Dispatcher, run_scheduled
+from rstar2.rollout.engine import EngineDown
 from rstar2.sync.buckets import sync_weights
 from sandbox_pool import PoolConfig, SandboxPool
 from scheduler.core import SchedulerSettings
@@ -95,3 +96,22 @@ async def test_dispatcher_and_weight_sync_through_ray(ray_engine, sandbox, tool_
         if m
     ]
     assert max(gaps) <= 1e-3
+
+
+async def test_a_killed_engine_actor_is_an_engine_down_to_the_weight_sync(
+    ray_engine, tool_model_dir: Path
+) -> None:
+    """Last in this module: it kills the module's engine. The weight sync drops the dead actor
+    as it drops a dead in-process engine (the runtime then restarts it); no Ray error escapes."""
+    import ray
+
+    learner = TorchLearner(
+        TorchLearnerSettings(
+            model_path=str(tool_model_dir), optim=OptimConfig(lr=1e-3, warmup_steps=0)
+        )
+    )
+    ray.kill(ray_engine.actor)
+    stats = await sync_weights(learner, [ray_engine], bucket_bytes=256 * 1024)
+    assert stats.failed == (0,)
+    with pytest.raises(EngineDown, match=r"the engine actor is gone \(a checksum\)"):
+        await ray_engine.weight_checksum()

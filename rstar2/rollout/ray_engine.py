@@ -21,9 +21,9 @@ from rstar2.rollout.engine import EngineDown, Generation, KVStats, SamplingSetti
 from rstar2.rollout.vllm_engine import RPC_TIMEOUT_S, VLLMEngine, VLLMEngineConfig
 
 CLOSE_TIMEOUT_S = 60.0  # an engine actor's own shutdown; past it the actor is killed
-# an actor call: the engine inside bounds its own calls at RPC_TIMEOUT_S (and says which one
-# hung); this bounds an actor that does not answer at all
-ACTOR_CALL_TIMEOUT_S = RPC_TIMEOUT_S + 60.0
+# an actor call: the engine inside bounds each of its own calls at RPC_TIMEOUT_S (and says which
+# one hung; a call makes two at most); this bounds an actor that does not answer at all
+ACTOR_CALL_TIMEOUT_S = 2 * RPC_TIMEOUT_S + 60.0
 
 
 class EngineActor:
@@ -247,7 +247,9 @@ class RayEngine:
             if not bounded:
                 return await ref
             return await asyncio.wait_for(ref, ACTOR_CALL_TIMEOUT_S)
-        except TimeoutError:
+        except TimeoutError as exc:
+            if isinstance(exc, ray.exceptions.RayTaskError):
+                raise  # raised inside the actor, which did answer
             raise EngineDown(
                 f"the engine actor did not answer {what} in {ACTOR_CALL_TIMEOUT_S:g}s"
             ) from None

@@ -31,6 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 TAG = "localhost/rstar2-sandbox:test"
 
 pytestmark = [
+    # serial: the container's pool claims its uid block in its own /run, so it would hand out
+    # the uids a host pool of a test running beside it holds (and share its process limit)
+    pytest.mark.serial,
     pytest.mark.skipif(
         bool(oci.missing_binaries()) or os.geteuid() != 0,
         reason=f"needs root and {', '.join(oci.missing_binaries()) or 'nothing'} "

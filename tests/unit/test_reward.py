@@ -10,6 +10,10 @@ from hypothesis import strategies as st
 from rstar2.data import ground_truth, load_rows
 from rstar2.reward import RewardScorer, equivalent, extract_answer, normalize, samples
 
+# a bounded verification: the session scorer's 3 s timeout, then a replacement worker's start,
+# with room for a loaded machine (unbounded, these take minutes or never end)
+BOUNDED_S = 8.0
+
 
 def wrap(answer: str) -> str:
     return samples.response(answer)
@@ -170,7 +174,7 @@ def test_megabyte_response_is_bounded(scorer):
     start = time.perf_counter()
     assert scorer.score(text, "42") == 1.0
     assert scorer.score("\\boxed{" + "{" * 1_000_000, "1") == 0.0
-    assert time.perf_counter() - start < 5.0
+    assert time.perf_counter() - start < BOUNDED_S
 
 
 @pytest.mark.parametrize(
@@ -187,7 +191,7 @@ def test_megabyte_response_is_bounded(scorer):
 def test_pathological_latex_is_bounded(scorer, latex):
     start = time.perf_counter()
     assert scorer.score(wrap(latex), "7") == 0.0
-    assert time.perf_counter() - start < 5.0
+    assert time.perf_counter() - start < BOUNDED_S
 
 
 def hang(pred: str, truth: str, inner_timeout_s: float) -> bool:
@@ -204,7 +208,8 @@ def test_hung_verifier_is_killed_and_pool_recovers():
         assert s.score(wrap("5"), "5") == 1.0  # exact match needs no worker
         start = time.perf_counter()
         assert s.score(wrap("1"), "3") == 0.0  # a replacement worker serves (and hangs) again
-        assert time.perf_counter() - start < 1.0 + 2.0  # bound plus a warm respawn
+        # bound plus a warm respawn, with room for a loaded machine
+        assert time.perf_counter() - start < 1.0 + 4.0
         assert s.stats.timeouts == 2
 
 

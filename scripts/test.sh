@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # README command 2: install rstar2 with its dev tools, then lint, type-check and run the tests
 # (and, with no arguments, the benchmarks once as a smoke test). With no arguments the tests run
-# on RSTAR2_TEST_WORKERS pytest-xdist workers (default 2), one module per worker at a time, then
-# the `serial` modules alone; with arguments, plain `pytest ARGS`.
+# in one process (CI), or with RSTAR2_TEST_WORKERS=N > 1 on N pytest-xdist workers, one module
+# per worker at a time, then the `serial` tests alone; with arguments, plain `pytest ARGS`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh dev
@@ -13,8 +13,12 @@ mypy
 if [[ $# -gt 0 ]]; then
   exec pytest -q "$@"
 fi
-pytest -q -n "${RSTAR2_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder -m "not serial"
-pytest -q -m serial
+if [[ "${RSTAR2_TEST_WORKERS:-1}" -gt 1 ]]; then
+  pytest -q -n "$RSTAR2_TEST_WORKERS" --dist loadfile --no-loadscope-reorder -m "not serial"
+  pytest -q -m serial
+else
+  pytest -q
+fi
 # the benchmarks as a smoke test (no timing gate): each micro benchmark once, the quick suite
 pytest -q -p no:cacheprovider perf --benchmark-disable
 python -m perf run --quick --out "$(mktemp -d)"

@@ -162,24 +162,60 @@ class LearnerActor:
     def ipc_send(self) -> None:
         self._ipc.send_weights()
 
-    def send_weights(self, targets: list[Any], bucket_bytes: int) -> dict[str, int]:
+    def send_weights(
+        self, targets: list[Any], bucket_bytes: int, call_timeout_s: float | None = None
+    ) -> dict[str, Any]:
         """Every bucket into every engine actor of ``targets`` (their ``update_weights``), put
-        in the object store once; the other ranks only take part in the gathers."""
+        in the object store once; the other ranks only take part in the gathers. A target that
+        is gone (its actor died or cannot be reached), raises EngineDown, or has not loaded a
+        bucket ``call_timeout_s`` after it was put gets no further bucket and is named in
+        ``failed`` (its index in ``targets``); the others get every bucket. Any other error
+        stops the send."""
         import ray
 
-        sent = {"buckets": 0, "tensors": 0, "bytes": 0, "largest_bucket_bytes": 0}
+        sent: dict[str, Any] = {"buckets": 0, "tensors": 0, "bytes": 0, "largest_bucket_bytes": 0}
+        live = dict(enumerate(targets))
+        failed: list[int] = []
         for bucket in self._learner.named_weights(bucket_bytes):
             if not bucket:
                 continue
             cpu = [(name, tensor.detach().cpu()) for name, tensor in bucket]
             size = sum(t.numel() * t.element_size() for _, t in cpu)
-            ref = ray.put(cpu)
-            ray.get([target.update_weights.remote(ref) for target in targets])
+            if live:
+                ref = ray.put(cpu)
+                calls = {i: t.update_weights.remote(ref) for i, t in live.items()}
+                for i in _lost_targets(calls, call_timeout_s):
+                    failed.append(i)
+                    del live[i]
             sent["buckets"] += 1
             sent["tensors"] += len(cpu)
             sent["bytes"] += size
             sent["largest_bucket_bytes"] = max(sent["largest_bucket_bytes"], size)
+        sent["failed"] = sorted(failed)
         return sent
+
+
+def _lost_targets(calls: dict[int, Any], timeout_s: float | None) -> list[int]:
+    """The keys of ``calls`` (one actor call each) whose actor is gone, raised EngineDown, or
+    did not answer in ``timeout_s``; any other error of a call is raised."""
+    import ray
+    import ray.exceptions
+
+    from rstar2.rollout.engine import EngineDown
+
+    refs = list(calls.values())
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    finished = set(done)
+    lost = []
+    for i, ref in calls.items():
+        if ref not in finished:
+            lost.append(i)  # hung: the runtime takes the engine down and replaces it
+            continue
+        try:
+            ray.get(ref)
+        except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError, EngineDown):
+            lost.append(i)  # an EngineDown raised in the actor arrives as an instance of it
+    return lost
 
 
 class RayLearner:
@@ -389,11 +425,14 @@ class RayLearner:
     async def ipc_send(self) -> None:
         await asyncio.gather(*(a.ipc_send.remote() for a in self._actors))
 
-    async def send_weights(self, targets: list[Any], bucket_bytes: int) -> dict[str, int]:
+    async def send_weights(
+        self, targets: list[Any], bucket_bytes: int, call_timeout_s: float | None = None
+    ) -> dict[str, Any]:
         """Rank 0 sends the weights straight to the engine actors ``targets`` (see
-        :mod:`rstar2.sync.group`); what it sent."""
-        refs = [a.send_weights.remote(targets, bucket_bytes) for a in self._actors]
-        sent: list[dict[str, int]] = list(await asyncio.gather(*refs))
+        :mod:`rstar2.sync.group`); what it sent, and in ``failed`` the indices of the targets
+        that were lost on the way (see :meth:`LearnerActor.send_weights`)."""
+        refs = [a.send_weights.remote(targets, bucket_bytes, call_timeout_s) for a in self._actors]
+        sent: list[dict[str, Any]] = list(await asyncio.gather(*refs))
         return sent[0]
 
     def close(self) -> None:

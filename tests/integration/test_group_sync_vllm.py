@@ -119,3 +119,42 @@ def _hf_weights(model_dir: Path) -> list:
     from safetensors.torch import load_file
 
     return list(load_file(str(model_dir / "model.safetensors")).values())
+
+
+async def test_an_engine_actor_lost_mid_sync_is_dropped_and_the_other_gets_the_weights(
+    cluster, tool_model_dir: Path
+) -> None:
+    """Last in this module: it stops, then kills, engine 1's actor. A hung target (SIGSTOP)
+    is dropped from the send after the call timeout and a dead one at once; the group's sync
+    names the dead engine in ``failed`` instead of raising, and the other engine still takes
+    every bucket."""
+    import os
+    import signal
+
+    learner, engines = cluster
+    sync = GroupSync(learner, engines, BUCKET)
+    pid = await engines[1].actor.__ray_call__.remote(lambda _self: os.getpid())
+    before = await engines[0].weight_checksum()
+    ids = tool_template(tool_model_dir).encode_prompt([{"role": "user", "content": "1+1?"}])
+    half = len(ids) // 2
+    seq = TrainSequence(ids, [0] * half + [1] * (len(ids) - half), [-1.0] * len(ids), 1.0)
+    learner.train_step([seq, seq])
+    model_bytes = sum(w.numel() * w.element_size() for w in _hf_weights(tool_model_dir))
+
+    await asyncio.gather(*(e.begin_weight_update() for e in engines))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        sent = await learner.send_weights([e.actor for e in engines], BUCKET, 5.0)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    await engines[0].finish_weight_update()
+    assert sent["failed"] == [1] and sent["bytes"] == model_bytes
+    hung_checksum = await engines[0].weight_checksum()
+    assert hung_checksum != before
+
+    sent = await learner.send_weights([e.actor for e in engines], BUCKET, 60.0)
+    assert sent["failed"] == [1]  # gone: dropped at its first bucket
+
+    stats = await sync.sync()
+    assert stats.failed == (1,) and stats.bytes == model_bytes
+    assert await engines[0].weight_checksum() == hung_checksum  # same weights, loaded again

@@ -4,7 +4,7 @@ In order, as the job script does on a cluster: the sandbox as services (a Redis 
 password, ``sandbox-pool serve --redis`` in front of it and one ``sandbox-pool worker``, the
 layout of several sandbox nodes; waited for by its health check), a Ray head advertising the
 ``learner`` and ``rollout`` role resources (ports from one block of ``launcher.plan``, its
-session under ``/tmp/rstar2-ray-local-<pid>``), then ``rstar2 train`` in that Ray cluster
+session under ``/tmp/rstar2-ray-local-<random>``), then ``rstar2 train`` in that Ray cluster
 (``--resume`` when the run folder already holds a run). The services' logs go to
 ``RUNS_DIR/NAME/local/``; the driver's console is this one. A service that ends before the
 driver stops the driver (TERM: it checkpoints) and fails the launch, naming it; Ctrl-C or TERM
@@ -80,7 +80,7 @@ def plan_local(cfg: Config, config_path: str | None, overrides: list[str]) -> Lo
         "rollout": engine.count * max(1, int(engine.gpus)),
     }
     gpus = 0 if cfg.cluster.accelerator == "cpu" else cfg.cluster.gpus_per_node
-    ray_tmp = f"/tmp/rstar2-ray-local-{os.getpid()}"
+    ray_tmp = f"/tmp/rstar2-ray-local-{secrets.token_hex(6)}"  # short: Ray's socket paths
 
     ray = [py, "-m", "ray.scripts.scripts", "start", "--block", "--head",
            f"--node-ip-address={HOST}", f"--temp-dir={ray_tmp}", f"--port={ports['ray_gcs']}",
@@ -105,13 +105,18 @@ def plan_local(cfg: Config, config_path: str | None, overrides: list[str]) -> Lo
     return LocalPlan(run_dir, log_dir, ray_tmp, ports, services, driver, lock, resumes)
 
 
-def _free_port_block() -> tuple[dict[str, int], IO[str]]:
+def _free_port_block(lock_dir: Path = Path("/tmp")) -> tuple[dict[str, int], IO[str]]:
     """A job port block whose ports are all free here, and the lock that keeps it this
-    launch's (another ``launch local`` skips a locked block; held until the process ends)."""
+    launch's (another ``launch local`` skips a locked block; held until the process ends).
+    A lock path that is a link, or a file this user cannot open, is another's: skipped."""
     first = random.randrange(PORT_BLOCKS)
     for i in range(PORT_BLOCKS):
         block = (first + i) % PORT_BLOCKS
-        lock = open(f"/tmp/rstar2-port-block-{block}.lock", "w")  # noqa: SIM115 (held)
+        try:  # never follows a link nor truncates: the name in /tmp is predictable
+            flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            lock = os.fdopen(os.open(lock_dir / f"rstar2-port-block-{block}.lock", flags, 0o644))
+        except OSError:
+            continue  # not a file this user may lock: not this launch's block
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -128,6 +133,7 @@ def run_local(plan: LocalPlan, *, start_timeout_s: float, out: IO[str] = sys.std
     """Start ``plan``'s services, run its driver, stop everything; the driver's exit status
     (1 when a service failed first or a stop came during start-up)."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
+    os.mkdir(plan.ray_tmp, 0o700)  # this launch's own: fails on anything already there
     token = secrets.token_hex(32)
     # Ray's token authentication with this launch's own token, as the Slurm job does (not
     # whatever ~/.ray/auth_token holds): only the launch's processes join its cluster

@@ -291,3 +291,29 @@ def test_docker_steps_get_gpus_on_gpu_nodes_only() -> None:
         assert ("--gpus=all" in line) == (step in gpu), line
         assert '--user="$(id -u):$(id -g)"' in line and "$(docker_env)" in line
     assert seen == gpu | cpu
+
+
+def test_launch_locals_port_lock_never_follows_a_link_and_holds_its_block(tmp_path: Path) -> None:
+    import fcntl
+
+    from launcher.local import _free_port_block
+    from launcher.plan import PORT_BLOCKS, port_block
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    for block in range(PORT_BLOCKS):
+        (locks / f"rstar2-port-block-{block}.lock").symlink_to(victim)
+    with pytest.raises(RuntimeError, match="every port block"):
+        _free_port_block(locks)  # every lock path is a link: none is this launch's
+    assert victim.read_text() == "keep me"
+
+    (locks / "rstar2-port-block-7.lock").unlink()
+    ports, lock = _free_port_block(locks)
+    try:
+        assert ports == port_block(7)  # the one block whose lock is a plain file
+        with open(locks / "rstar2-port-block-7.lock") as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another launch skips it
+    finally:
+        lock.close()

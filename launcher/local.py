@@ -32,6 +32,7 @@ from typing import IO
 
 from launcher.plan import PORT_BLOCKS, PORT_STRIDE, node_ray_ports, port_block
 from launcher.preflight import taken_ports
+from launcher.slurm import LaunchError
 from launcher.wait_for import wait_http, wait_ray
 from rstar2.config import Config
 from rstar2.trainer.ray_resources import engine_demand
@@ -126,7 +127,10 @@ def _free_port_block(lock_dir: Path = Path("/tmp")) -> tuple[dict[str, int], IO[
         if not taken_ports("0.0.0.0", ports["base"], PORT_STRIDE):  # Ray binds the host's IP
             return ports, lock
         lock.close()
-    raise RuntimeError("every port block of launcher.plan is taken on this machine")
+    raise LaunchError(
+        f"every one of the {PORT_BLOCKS} port blocks of launcher.plan is taken on this machine "
+        "(by other launches, or ports in use): stop one, or launch elsewhere"
+    )
 
 
 def run_local(plan: LocalPlan, *, start_timeout_s: float, out: IO[str] = sys.stdout) -> int:

@@ -43,10 +43,17 @@ def cmd_launch_local(args: argparse.Namespace) -> int:
     import shlex
 
     from launcher.local import plan_local, run_local
+    from launcher.slurm import LaunchError
     from rstar2.config_io import load_config
 
     cfg = load_config(args.config, args.overrides)
-    plan = plan_local(cfg, args.config, list(args.overrides))  # ConfigError: nothing started
+    try:
+        plan = plan_local(cfg, args.config, list(args.overrides))  # ConfigError: nothing started
+    except LaunchError as exc:
+        from rstar2.cli import EXIT_USER_ERROR  # here: rstar2.cli imports this module
+
+        print(f"rstar2: launch error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
     if plan.resumes:
         print(
             f"note: {plan.run_dir} already holds a run: the driver resumes it with that run's "

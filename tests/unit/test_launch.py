@@ -298,6 +298,7 @@ def test_launch_locals_port_lock_never_follows_a_link_and_holds_its_block(tmp_pa
 
     from launcher.local import _free_port_block
     from launcher.plan import PORT_BLOCKS, port_block
+    from launcher.slurm import LaunchError
 
     victim = tmp_path / "victim"
     victim.write_text("keep me")
@@ -305,7 +306,7 @@ def test_launch_locals_port_lock_never_follows_a_link_and_holds_its_block(tmp_pa
     locks.mkdir()
     for block in range(PORT_BLOCKS):
         (locks / f"rstar2-port-block-{block}.lock").symlink_to(victim)
-    with pytest.raises(RuntimeError, match="every port block"):
+    with pytest.raises(LaunchError, match=r"port blocks of launcher\.plan is taken"):
         _free_port_block(locks)  # every lock path is a link: none is this launch's
     assert victim.read_text() == "keep me"
 

@@ -144,17 +144,19 @@ class SandboxPool(SandboxAPI):
         if self._closed:
             return
         self._closed = True
+        stopped = False
         try:
             while self._running:
                 await asyncio.sleep(0.01)
             for zygote in self._zygotes.values():
                 zygote.stop()
+            stopped = True
             for zygote in self._zygotes.values():
                 await zygote.wait_stopped()
         finally:
             # cancelled before its children were gone, the block is let go all the same: a
             # claim skips a block while processes of its uids live (sandbox_pool.uids)
-            for zygote in self._zygotes.values():
+            for zygote in self._zygotes.values() if not stopped else ():
                 zygote.stop()
             if self._uid_lock is not None:
                 os.close(self._uid_lock)

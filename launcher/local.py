@@ -4,12 +4,12 @@ In order, as the job script does on a cluster: the sandbox as services (a Redis 
 password, ``sandbox-pool serve --redis`` in front of it and one ``sandbox-pool worker``, the
 layout of several sandbox nodes; waited for by its health check), a Ray head advertising the
 ``learner`` and ``rollout`` role resources (ports from one block of ``launcher.plan``, its
-session under ``/tmp/rstar2-ray-local-<random>``), then ``rstar2 train`` in that Ray cluster
-(``--resume`` when the run folder already holds a run). The services' logs go to
-``RUNS_DIR/NAME/local/``; the driver's console is this one. A service that ends before the
-driver stops the driver (TERM: it checkpoints) and fails the launch, naming it; Ctrl-C or TERM
-stop the driver the same way; the services are stopped and the Ray session folder removed in
-every case.
+session under ``/tmp/rstar2-ray-local-<random>/r``, a folder only this user can enter), then
+``rstar2 train`` in that Ray cluster (``--resume`` when the run folder already holds a run).
+The services' logs go to ``RUNS_DIR/NAME/local/``; the driver's console is this one. A
+service that ends before the driver stops the driver (TERM: it checkpoints) and fails the
+launch, naming it; Ctrl-C or TERM stop the driver the same way; the services are stopped and
+the Ray session folder removed in every case.
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def plan_local(cfg: Config, config_path: str | None, overrides: list[str]) -> Lo
         "rollout": engine.count * max(1, int(engine.gpus)),
     }
     gpus = 0 if cfg.cluster.accelerator == "cpu" else cfg.cluster.gpus_per_node
-    ray_tmp = f"/tmp/rstar2-ray-local-{secrets.token_hex(6)}"  # short: Ray's socket paths
+    # Ray makes its --temp-dir world-writable: it goes in a folder only this user can enter
+    # (created by run_local), the path kept short for Ray's socket paths
+    ray_tmp = f"/tmp/rstar2-ray-local-{secrets.token_hex(6)}/r"
 
     ray = [py, "-m", "ray.scripts.scripts", "start", "--block", "--head",
            f"--node-ip-address={HOST}", f"--temp-dir={ray_tmp}", f"--port={ports['ray_gcs']}",
@@ -137,7 +139,6 @@ def run_local(plan: LocalPlan, *, start_timeout_s: float, out: IO[str] = sys.std
     """Start ``plan``'s services, run its driver, stop everything; the driver's exit status
     (1 when a service failed first or a stop came during start-up)."""
     plan.log_dir.mkdir(parents=True, exist_ok=True)
-    os.mkdir(plan.ray_tmp, 0o700)  # this launch's own: fails on anything already there
     token = secrets.token_hex(32)
     # Ray's token authentication with this launch's own token, as the Slurm job does (not
     # whatever ~/.ray/auth_token holds): only the launch's processes join its cluster
@@ -166,7 +167,11 @@ def run_local(plan: LocalPlan, *, start_timeout_s: float, out: IO[str] = sys.std
 
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, ask_stop) for s in signals}
+    ray_home = Path(plan.ray_tmp).parent
+    made_home = False
     try:
+        ray_home.mkdir(mode=0o700)  # this launch's own: fails on anything already there
+        made_home = True
         for service in plan.services:
             print(f"launch local: {service.name}: logs in {plan.log_dir / service.log}", file=out)
             with open(plan.log_dir / service.log, "ab") as log:
@@ -202,8 +207,9 @@ def run_local(plan: LocalPlan, *, start_timeout_s: float, out: IO[str] = sys.std
     finally:
         _stop(running)
         token_path.unlink(missing_ok=True)
-        _keep_ray_logs(plan)
-        shutil.rmtree(plan.ray_tmp, ignore_errors=True)
+        if made_home:
+            _keep_ray_logs(plan)
+            shutil.rmtree(ray_home, ignore_errors=True)
         for s, handler in previous.items():  # last: a second Ctrl-C cannot cut the stop short
             signal.signal(s, handler)
 

@@ -181,7 +181,7 @@ class LearnerActor:
                 continue
             cpu = [(name, tensor.detach().cpu()) for name, tensor in bucket]
             size = sum(t.numel() * t.element_size() for _, t in cpu)
-            if live:
+            if live:  # meanwhile the other ranks wait in the next gather (gloo: 30 min)
                 ref = ray.put(cpu)
                 calls = {i: t.update_weights.remote(ref) for i, t in live.items()}
                 for i in _lost_targets(calls, call_timeout_s):

@@ -293,12 +293,17 @@ def test_docker_steps_get_gpus_on_gpu_nodes_only() -> None:
     assert seen == gpu | cpu
 
 
-def test_launch_locals_port_lock_never_follows_a_link_and_holds_its_block(tmp_path: Path) -> None:
+def test_launch_locals_port_lock_never_follows_a_link_and_holds_its_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import fcntl
 
+    from launcher import local
     from launcher.local import _free_port_block
     from launcher.plan import PORT_BLOCKS, port_block
     from launcher.slurm import LaunchError
+
+    monkeypatch.setattr(local, "taken_ports", lambda host, base, count: [])  # locks only
 
     victim = tmp_path / "victim"
     victim.write_text("keep me")

@@ -4,8 +4,9 @@
 
 - The console (the process's stdout and stderr as they were on entry) shows what rstar2 writes:
   its print() lines, its tqdm bars, its messages, tracebacks it prints. A write counts as ours
-  when the code that asked for it, looking past tqdm, contextlib and traceback (which write on
-  their caller's behalf), is in one of ``own_packages`` (rstar2's by default).
+  when the code that asked for it, looking past tqdm, contextlib, traceback and Ray's
+  replacement of ``print`` (which write on their caller's behalf), is in one of
+  ``own_packages`` (rstar2's by default).
 - Everything else goes to ``log`` (``logs/third_party.log``): file descriptors 1 and 2 point
   there, so child processes (vLLM's engine core and workers, Ray's raylet, sandbox and reward
   workers) and C code write there; in this process, writes to ``sys.stdout`` / ``sys.stderr``
@@ -43,10 +44,14 @@ THIRD_PARTY_LOG = "third_party.log"
 # the logs folder of the command running, for link_logs (inherited by our child processes)
 LOGS_DIR_ENV = "RSTAR2_LOGS_DIR"
 OWN_PACKAGES = ("rstar2", "sandbox_pool", "scheduler", "launcher")
-# modules that write on behalf of their caller: the caller decides where the text goes
+# packages and modules that write on behalf of their caller: the caller decides where the text
+# goes. Ray's tqdm_ray replaces builtins.print with its safe_print, for the whole process, once
+# a worker's log or a cluster error (a worker that died) is printed in the driver
 _ON_BEHALF = frozenset({"tqdm", "contextlib", "traceback"})
-# vLLM colours its lines when sys.stdout (our console) is a terminal: not in a file
-_ENV_DEFAULTS = {"VLLM_LOGGING_COLOR": "0"}
+_ON_BEHALF_MODULES = frozenset({"ray.experimental.tqdm_ray"})
+# vLLM colours its lines when sys.stdout (our console) is a terminal: not in a file; Ray leaves
+# builtins.print alone (see _ON_BEHALF_MODULES for a process where it already replaced it)
+_ENV_DEFAULTS = {"VLLM_LOGGING_COLOR": "0", "RAY_TQDM_PATCH_PRINT": "0"}
 
 
 @contextlib.contextmanager
@@ -130,8 +135,9 @@ class _Owner:
 
     def ours(self, frame: FrameType | None) -> bool:
         while frame is not None:
-            package = _module_name(frame).partition(".")[0]
-            if package not in _ON_BEHALF:
+            name = _module_name(frame)
+            package = name.partition(".")[0]
+            if package not in _ON_BEHALF and name not in _ON_BEHALF_MODULES:
                 return package in self.own_packages
             frame = frame.f_back
         return False

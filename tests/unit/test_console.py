@@ -84,6 +84,47 @@ def test_our_writes_reach_the_console_and_the_rest_the_log(
     assert "ours" not in text and "our bar" not in text
 
 
+def test_our_prints_reach_the_console_after_ray_replaced_print(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray replaces builtins.print with its own for the whole driver process once a worker's
+    log or a cluster error (an engine actor that died) is printed there; our lines stay ours."""
+    import builtins
+
+    from ray.experimental import tqdm_ray
+
+    monkeypatch.setattr(builtins, "print", builtins.print)  # restored after the test
+    monkeypatch.setenv("RAY_TQDM_PATCH_PRINT", "1")
+    tqdm_ray.instance()  # what Ray's driver does before it prints a worker's line
+    assert builtins.print is tqdm_ray.safe_print
+    with run_console(tmp_path / "logs", own_packages=OWN) as log:
+        print("ours through ray's print")
+        print("ours on stderr through ray's print", file=sys.stderr)
+        _foreign("print('library print through ray')")
+    out, err = capfd.readouterr()
+    assert out == "ours through ray's print\n"
+    assert err == "ours on stderr through ray's print\n"
+    assert "library print through ray" in log.read_text()
+
+
+def test_the_block_keeps_ray_from_replacing_print(tmp_path: Path) -> None:
+    code = (
+        "import builtins, pathlib, sys\n"
+        "from rstar2.console import run_console\n"
+        "from ray.experimental import tqdm_ray\n"
+        "with run_console(pathlib.Path(sys.argv[1])):\n"
+        "    tqdm_ray.instance()\n"
+        "    replaced = builtins.print is not tqdm_ray._print\n"
+        "print(replaced)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "logs")],
+        capture_output=True, text=True, check=True, timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "RAY_TQDM_PATCH_PRINT"},
+    )  # fmt: skip
+    assert res.stdout == "False\n"
+
+
 def test_an_error_restores_everything_and_names_the_log(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

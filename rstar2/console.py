@@ -44,13 +44,14 @@ THIRD_PARTY_LOG = "third_party.log"
 # the logs folder of the command running, for link_logs (inherited by our child processes)
 LOGS_DIR_ENV = "RSTAR2_LOGS_DIR"
 OWN_PACKAGES = ("rstar2", "sandbox_pool", "scheduler", "launcher")
-# packages and modules that write on behalf of their caller: the caller decides where the text
-# goes. Ray's tqdm_ray replaces builtins.print with its safe_print, for the whole process, once
-# a worker's log or a cluster error (a worker that died) is printed in the driver
+# packages and functions (module, name) that write on behalf of their caller: the caller
+# decides where the text goes. Ray's tqdm_ray replaces builtins.print with its safe_print, for
+# the whole process, once a worker's log or a cluster error (a worker that died) is printed in
+# the driver (its own bar redraws stay Ray's)
 _ON_BEHALF = frozenset({"tqdm", "contextlib", "traceback"})
-_ON_BEHALF_MODULES = frozenset({"ray.experimental.tqdm_ray"})
+_ON_BEHALF_FUNCTIONS = frozenset({("ray.experimental.tqdm_ray", "safe_print")})
 # vLLM colours its lines when sys.stdout (our console) is a terminal: not in a file; Ray leaves
-# builtins.print alone (see _ON_BEHALF_MODULES for a process where it already replaced it)
+# builtins.print alone (see _ON_BEHALF_FUNCTIONS for a process where it already replaced it)
 _ENV_DEFAULTS = {"VLLM_LOGGING_COLOR": "0", "RAY_TQDM_PATCH_PRINT": "0"}
 
 
@@ -137,7 +138,10 @@ class _Owner:
         while frame is not None:
             name = _module_name(frame)
             package = name.partition(".")[0]
-            if package not in _ON_BEHALF and name not in _ON_BEHALF_MODULES:
+            if (
+                package not in _ON_BEHALF
+                and (name, frame.f_code.co_name) not in _ON_BEHALF_FUNCTIONS
+            ):
                 return package in self.own_packages
             frame = frame.f_back
         return False

@@ -33,7 +33,10 @@ def _state() -> dict[str, Any]:
         "stderr": sys.stderr,
         "showwarning": warnings.showwarning,
         "py.warnings": list(logging.getLogger("py.warnings").handlers),
-        "env": {k: os.environ.get(k) for k in (LOGS_DIR_ENV, "VLLM_LOGGING_COLOR")},
+        "env": {
+            k: os.environ.get(k)
+            for k in (LOGS_DIR_ENV, "VLLM_LOGGING_COLOR", "RAY_TQDM_PATCH_PRINT")
+        },
         "num_fds": len(fds),
     }
 

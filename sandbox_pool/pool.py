@@ -156,8 +156,9 @@ class SandboxPool(SandboxAPI):
         finally:
             # cancelled before its children were gone, the block is let go all the same: a
             # claim skips a block while processes of its uids live (sandbox_pool.uids)
-            for zygote in self._zygotes.values() if not stopped else ():
-                zygote.stop()
+            if not stopped:
+                for zygote in self._zygotes.values():
+                    zygote.stop()
             if self._uid_lock is not None:
                 os.close(self._uid_lock)
                 self._uid_lock = None

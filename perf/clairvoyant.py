@@ -1,5 +1,5 @@
 """How much of kv_affinity's gap to the makespan bound comes from not knowing lengths at
-admission: a reference for the targets against :func:`scheduler.sim.makespan_lower_bound`.
+admission: a reference for the targets against :func:`scheduler.bound.makespan_lower_bound`.
 
     python -m perf.clairvoyant [--trace paper|skewed|FILE ...] [--quick] [--seeds N] [--out FILE]
 
@@ -28,8 +28,10 @@ from typing import Any
 
 from perf.record import commit, hardware
 from perf.rollout_sim import GENERATED, CostFileError, load_cost
+from scheduler.bound import makespan_lower_bound
 from scheduler.core import SchedulerError, SchedulerSettings
-from scheduler.sim import SimSettings, Simulation, makespan_lower_bound, simulate
+from scheduler.sim import Simulation, simulate
+from scheduler.sim_model import SimSettings
 from scheduler.trace import TraceError, TraceRow, load_trace
 
 H200_COST = Path(__file__).parent / "results" / "step-cost-h200.json"

@@ -12,7 +12,7 @@ from typing import Any
 from perf.plan_inputs import Assumption, PlanInputError, required
 from perf.rollout_sim import CostFileError
 from perf.shapes import DTYPE_BYTES, DecoderShape
-from scheduler.sim import StepCostModel
+from scheduler.sim_model import StepCostModel
 
 
 def dtype_bytes(cfg: Any) -> int:

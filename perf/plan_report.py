@@ -11,7 +11,7 @@ from typing import Any
 
 from perf.plan_inputs import Assumption
 from perf.plan_step import Breakdown
-from scheduler.sim import StepCostModel
+from scheduler.sim_model import StepCostModel
 
 PAPER_STEPS_PER_WEEK = 510
 

@@ -12,7 +12,8 @@ from perf.plan_engine import dtype_bytes, engine_kv_tokens, no_kv_space
 from perf.plan_inputs import Assumption, required
 from perf.shapes import DecoderShape
 from scheduler.core import SchedulerSettings
-from scheduler.sim import SimSettings, StepCostModel, simulate
+from scheduler.sim import simulate
+from scheduler.sim_model import SimSettings, StepCostModel
 from scheduler.trace import TraceRow
 
 WEEK_S = 7 * 24 * 3600

@@ -10,12 +10,12 @@ carry 30% of the work). Prints a table, then one JSON line with, per policy: mak
 busy_fraction, preemptions, recomputed_tokens, generated_tokens, p50/p99 trajectory latency, the
 tail (``queue_empty_s``: when an engine admitted the last trajectory to start,
 ``live_at_queue_empty``, ``steps_after_queue_empty`` of ``steps``); and the makespan no policy
-can beat under the cost model (:func:`scheduler.sim.makespan_lower_bound`), with each policy's
+can beat under the cost model (:func:`scheduler.bound.makespan_lower_bound`), with each policy's
 ratio to it. Exit 2 with one line on a bad argument or trace.
 
-The engine step cost defaults to :class:`scheduler.sim.StepCostModel`'s assumed MI300X figures;
-``--cost FILE`` takes the three constants that ``python -m perf.step_cost --out FILE`` measured
-on a GPU (perf/results/step-cost-h200.json is one).
+The engine step cost defaults to :class:`scheduler.sim_model.StepCostModel`'s assumed MI300X
+figures; ``--cost FILE`` takes the three constants that ``python -m perf.step_cost --out FILE``
+measured on a GPU (perf/results/step-cost-h200.json is one).
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from scheduler.bound import makespan_lower_bound
 from scheduler.core import POLICIES, SchedulerError, SchedulerSettings
-from scheduler.sim import SimSettings, StepCostModel, makespan_lower_bound, simulate
+from scheduler.sim import simulate
+from scheduler.sim_model import SimSettings, StepCostModel
 from scheduler.trace import TraceError, TraceRow, load_trace, paper_like, skewed
 
 # --trace NAME: a generated trace

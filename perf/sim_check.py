@@ -8,7 +8,7 @@ those engines, under every policy.
    print, 4 at a time); the trace's tool calls draw from those durations.
 2. Trace: ``--trajectories`` trajectories of 1-4 turns, responses of 64-``--budget`` tokens
    (log-normal), prompts of 64-256 random tokens, 32-token tool responses. Both sides run the
-   same planned turns (:func:`scheduler.sim.plan_turns`); the real replay forces each turn's
+   same planned turns (:func:`scheduler.sim_model.plan_turns`); the real replay forces each turn's
    length (``ignore_eos``) and sleeps the trace's tool latency.
 3. Engines: two in-process vLLM engines of a tiny model, each with ``--blocks`` KV blocks
    (small on purpose, so placement matters), each engine core's threads bound to its own core
@@ -46,7 +46,8 @@ from typing import Any
 from perf.record import commit, hardware
 from rstar2.rollout.engine import KVStats
 from scheduler.core import POLICIES, Policy, SchedulerSettings
-from scheduler.sim import PlannedTurn, SimSettings, StepCostModel, plan_turns, simulate
+from scheduler.sim import simulate
+from scheduler.sim_model import PlannedTurn, SimSettings, StepCostModel, plan_turns
 from scheduler.trace import TraceRow, TraceTurn
 
 TOOL_TOKENS = 32

@@ -3,7 +3,7 @@
     python -m perf.step_cost --device cuda [--shape qwen2.5-14b] [--out FILE]
     python -m perf.rollout_sim --cost FILE ...     # replay a trace with the measured constants
 
-:class:`scheduler.sim.StepCostModel` prices an engine step as ``step_base_s + per_token_s x
+:class:`scheduler.sim_model.StepCostModel` prices an engine step as ``step_base_s + per_token_s x
 tokens computed + per_kv_token_s x KV tokens read``. This benchmark times the kernels behind
 each term, at the model's real shapes and dtype, one decoder layer's weights reused for every
 layer (a layer's weights are many times the L2 cache, so every pass reads them from memory):

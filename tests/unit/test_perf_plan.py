@@ -14,7 +14,7 @@ from perf.plan_check import load_run_traces, measured_rollout_s
 from perf.record import fit_line
 from perf.shapes import DTYPE_BYTES, QWEN3_14B, DecoderShape
 from rstar2.config_io import load_config
-from scheduler.sim import StepCostModel
+from scheduler.sim_model import StepCostModel
 from scheduler.trace import TraceRow, TraceTurn, row_from_rollout
 
 RECIPE_14B = "configs/rstar2_14b_mi300x.yaml"

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from perf import clairvoyant
+from scheduler.bound import makespan_lower_bound
 from scheduler.core import ADMISSION_POLICIES, POLICIES, SchedulerSettings
-from scheduler.sim import SimSettings, StepCostModel, makespan_lower_bound, simulate
+from scheduler.sim import simulate
+from scheduler.sim_model import SimSettings, StepCostModel
 from scheduler.trace import (
     TraceError,
     TraceRow,

@@ -83,10 +83,12 @@ class SimEngine:
         self._orders = itertools.count()
 
     def steps_by(self, now: float) -> int:
-        """Steps this engine has completed by ``now``, its run in progress included (one short
-        at most when that run ends at ``now`` and its event is still queued)."""
+        """Steps this engine has completed by ``now``, its run in progress included (all of it
+        when that run ends at ``now`` and its event is still queued)."""
         if not self.busy:
             return self.step
+        if now >= self.run_start_t + self._run_time(self.run_steps):  # as its end was pushed
+            return self.step + self.run_steps
         return self.step + min(self.run_steps, self._steps_done_by(now - self.run_start_t))
 
     # -- requests arrive here --

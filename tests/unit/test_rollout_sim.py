@@ -412,3 +412,17 @@ def test_the_tail_counts_the_steps_another_engine_has_left_in_its_run() -> None:
     assert res.queue_empty_s == pytest.approx(b_end, rel=1e-9)
     assert res.live_at_queue_empty == 2 and res.steps == 215
     assert res.steps_after_queue_empty == 5 + 200 - a_done
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 8, 16, 120])
+def test_the_tail_counts_a_run_that_ends_at_the_same_moment_as_whole(tokens: int) -> None:
+    """Two engines run a and b alike, so their runs end at the same instant; c starts on the
+    engine whose end is handled first, while the other's end event is still queued. That run
+    is over by then: only c's 5 steps come after."""
+    a = TraceRow("a", 100, (TraceTurn(tokens, None),))
+    b = TraceRow("b", 100, (TraceTurn(tokens, None),))
+    c_row = TraceRow("c", 50, (TraceTurn(5, None),))
+    s = SimSettings(num_engines=2, kv_tokens=20_000, max_num_seqs=1)
+    res = simulate([a, b, c_row], s, SchedulerSettings(policy="kv_affinity", split_turns=False))
+    assert res.steps == 2 * tokens + 5
+    assert res.steps_after_queue_empty == 5

@@ -94,7 +94,7 @@ DEFAULTS: dict[str, tuple[float | None, str, str]] = {
     "engine_activation_gb": (
         15.0,
         "GB",
-        "assumed: vLLM activation and graph memory per GPU (scheduler/sim.py)",
+        "assumed: vLLM activation and graph memory per GPU (scheduler/sim_model.py)",
     ),
     "median_response_tokens": (
         3072.0,
@@ -105,7 +105,7 @@ DEFAULTS: dict[str, tuple[float | None, str, str]] = {
     "tool_response_tokens": (
         128.0,
         "tokens",
-        "scheduler/trace.py paper_like and scheduler/sim.py: a tool response's tokens",
+        "scheduler/trace.py paper_like and scheduler/sim_model.py: a tool response's tokens",
     ),
     "reward_verif_per_s_per_core": (
         300.0,

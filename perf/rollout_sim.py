@@ -1,4 +1,4 @@
-"""Trace-replay simulator of rollout scheduling policies (see :mod:`scheduler.sim` for the model).
+"""Trace-replay simulator of rollout scheduling policies (see :mod:`scheduler.sim`).
 
     python -m perf.rollout_sim --trace FILE|paper|skewed --engines N --kv-tokens K --policy P|all
         [--seed S] [--prefill-tokens-per-s R | --cost FILE]

@@ -3,8 +3,9 @@
 A :class:`LearnerActor` is constructed empty inside its Ray worker; :meth:`LearnerActor.start`
 joins the group's torch.distributed process group and builds the learner. Each call then runs
 on every rank with the same arguments, and the ranks' collectives (gathers of sharded weights,
-all-reduces of gradients) meet inside the learner. Rank 0 alone sends the weights on
-(:meth:`LearnerActor.send_weights`, or vLLM's native NCCL / IPC senders).
+all-reduces of gradients) meet inside the learner. Rank 0 alone calls the engines with the
+weights (:meth:`LearnerActor.send_weights`, or vLLM's native NCCL and IPC senders; with IPC
+every rank takes part in the send: :func:`rstar2.sync.native_sender.ipc_sender`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class RankSpec:
 
 
 class LearnerActor:
-    """The actor body (wrapped with ``ray.remote`` by :meth:`RayLearner.create`): constructed
+    """The actor body (wrapped with ``ray.remote`` by
+    :meth:`rstar2.learner.ray_learner.RayLearner.create`): constructed
     empty; :meth:`start` joins the group and builds the learner."""
 
     def rendezvous(self) -> str:

@@ -1,4 +1,5 @@
-"""scheduler.trace and scheduler.sim: trace files, the engine model, and the simulator's CLI."""
+"""scheduler.trace, .sim, .sim_engine and .bound: trace files, the engine model, the bound, and
+the simulator's CLI."""
 
 from __future__ import annotations
 

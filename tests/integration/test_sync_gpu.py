@@ -1,13 +1,15 @@
 """vLLM's native weight transfer from a Ray learner group into engine actors on GPUs: CUDA IPC
 into a colocated engine that slept while the learner stepped (one GPU), and the NCCL broadcast
-into an engine on another GPU (two GPUs). After a train step and a sync, the engine samples
-with the learner's log-probs. Needs a CUDA build of vLLM: skipped elsewhere (the lent H200 has
-no vLLM; these were written against vLLM 0.32's documented API and have not run yet)."""
+into an engine on another GPU (two GPUs). After a train step and a sync, the engine's weights
+equal, bit for bit, those of a fresh engine of the same dtype loaded from the learner's exported
+HF weights (vLLM fuses and pads its parameters: engine against engine), and it samples with the
+learner's log-probs. Needs a CUDA build of vLLM and Ray: skipped elsewhere."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -79,6 +81,7 @@ async def _sync_then_compare(placement: RayPlacement, model_dir: Path, transfer:
             assert metrics["step"] == 1
             stats = await sync.sync()
             assert stats.path == transfer and stats.bytes > 0 and stats.gb_per_s > 0
+            await _same_weights_as_a_fresh_engine(engine, learner, engine_config, model_dir)
             prompt = [5, 6, 7, 8]
             gen = await engine.generate(prompt, SamplingSettings(max_tokens=16, seed=3))
             seq = TrainSequence(
@@ -92,6 +95,26 @@ async def _sync_then_compare(placement: RayPlacement, model_dir: Path, transfer:
         finally:
             await engine.aclose()
             learner.close()
+
+
+async def _same_weights_as_a_fresh_engine(
+    engine: Any, learner: Any, config: Any, folder: Path
+) -> None:
+    """The synced engine's checksum equals that of an engine started (in this process, same
+    dtype) from the learner's exported HF weights."""
+    from dataclasses import replace
+
+    from rstar2.rollout.vllm_engine import VLLMEngine
+
+    exported = folder.parent / "exported"
+    learner.export_hf(exported)
+    fresh = await VLLMEngine.create(
+        replace(config, model_path=str(exported), weight_transfer="file", sleep_mode=False)
+    )
+    try:
+        assert await engine.weight_checksum() == await fresh.weight_checksum()
+    finally:
+        await fresh.aclose()
 
 
 async def test_ipc_into_a_colocated_engine_that_slept(local_ray, tmp_path: Path) -> None:

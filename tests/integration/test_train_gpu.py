@@ -1,0 +1,103 @@
+"""`rstar2 train` end to end on one GPU, in each placement one GPU holds: in-process (weights
+through a staged file) and Ray colocated (the engine sleeps while the learner steps; weights
+through vLLM's CUDA-IPC transfer), each with the torch and the megatron learner. One SFT of the
+toy model per module, then three RL steps of `configs/toy/gpu.yaml` per case. Needs a CUDA GPU
+and a CUDA build of vLLM (Ray for the colocated cases): skipped elsewhere."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import REPO, run_cli
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
+        reason="needs a CUDA GPU and a CUDA build of vLLM",
+    ),
+    pytest.mark.timeout(600),
+]
+CONFIG = REPO / "configs" / "toy" / "gpu.yaml"
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def sft_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(data folder, SFT model folder): the toy data and one SFT of the toy model on the GPU."""
+    root = tmp_path_factory.mktemp("toy-gpu")
+    data = root / "data"
+    res = run_cli("data", "toy", "--out", str(data), "--num-sft", "3000", "--num-train", "400")
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = run_cli(
+        "sft",
+        "--config",
+        str(CONFIG),
+        "--run-dir",
+        str(root / "sft"),
+        "--quiet",
+        *_data_overrides(root, data),
+        "cluster.ray=false",
+        "cluster.colocate=false",
+        timeout=400,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return data, root / "sft" / "model"
+
+
+def _data_overrides(root: Path, data: Path) -> list[str]:
+    return [
+        f"runs_dir={root / 'runs'}",
+        f"model.path={root / 'base'}",
+        f"data.train_datasets=[{data / 'train.jsonl'}]",
+        f"sft.data=[{data / 'sft.jsonl'}]",
+    ]
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+@pytest.mark.parametrize("placement", ["in_process", "colocated"])
+def test_train_on_one_gpu(
+    placement: str, backend: str, sft_model: tuple[Path, Path], tmp_path: Path
+) -> None:
+    if placement == "colocated" and importlib.util.find_spec("ray") is None:
+        pytest.fail("the colocated placement needs Ray on this machine")
+    data, model = sft_model
+    where = ["cluster.ray=false", "cluster.colocate=false"] if placement == "in_process" else []
+    run_dir = tmp_path / "run"
+    res = run_cli(
+        "train",
+        "--config",
+        str(CONFIG),
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        f"runs_dir={tmp_path / 'runs'}",
+        f"model.path={model}",
+        f"data.train_datasets=[{data / 'train.jsonl'}]",
+        "sft.data=[]",
+        f"stages.0.num_steps={STEPS}",
+        "eval.num_samples=2",
+        f"learner.backend={backend}",
+        *where,
+        timeout=540,
+    )
+    assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-4000:])
+    steps = [r for r in _rows(run_dir) if "reward_mean" in r]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    paths = {r.get("sync/path") for r in steps}
+    assert paths == {"ipc" if placement == "colocated" else "buckets"}, paths
+    for r in steps:
+        assert r["sync/gb"] > 0 and r["sync/gb_per_s"] > 0
+    evals = [r for r in _rows(run_dir) if any(k.startswith("eval/") for k in r)]
+    assert len(evals) >= 2  # before and after RL
+    print(f"{placement} {backend}: " + json.dumps({k: steps[-1][k] for k in sorted(steps[-1])}))

@@ -167,7 +167,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             step, n_tokens, flops = make()
             step_s = _timed(step, args.steps, args.warmup)
         except torch.OutOfMemoryError as exc:
-            results[name] = {"error": f"OOM: {exc}"[:200]}
+            # what it needed: the peak reached before the allocation that failed, and that one
+            results[name] = {
+                "error": f"OOM: {exc}"[:200],
+                "peak_gib_before_oom": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                "device_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 2),
+            }
+            print(f"{name:<16}{results[name]}", flush=True)
             continue
         if os.environ.get("PROFILE") == name:
             _profile(step)

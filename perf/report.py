@@ -78,6 +78,8 @@ def plots(run: dict[str, Any], out_dir: Path) -> list[Path]:
     backends = results.get("learner_backends") or {}
     mfu: dict[str, float] = {}
     for name, row in backends.get("results", {}).items():
+        if "error" in row:  # a failed row (an OOM): in the results file, not on the plot
+            continue
         bars[name] = row["tokens_per_s"]
         mfu[name] = row["mfu"]
     if bars:

@@ -129,7 +129,8 @@ def _rollout(r: dict[str, Any]) -> list[Figure]:
 
 
 def _learner_backends(r: dict[str, Any]) -> list[Figure]:
-    results = r["results"]
+    # a row that failed (an OOM) is recorded with its "error" and has no figures
+    results = {name: row for name, row in r["results"].items() if "error" not in row}
     out = []
     for name, row in results.items():
         out.append(

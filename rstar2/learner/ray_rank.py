@@ -146,10 +146,11 @@ class LearnerActor:
             nccl_send(self._nccl, source, bucket_bytes, num_buffers)
 
     def open_ipc(self, rank: int, engines: list[Any], meta: list[Any], bucket_bytes: int) -> None:
+        from rstar2.rollout.ray_engine import ACTOR_CALL_TIMEOUT_S
         from rstar2.sync.native_sender import ipc_sender, learner_weights
 
         source = learner_weights(self._learner, meta, bucket_bytes, everywhere=True)
-        self._ipc = ipc_sender(source, engines, bucket_bytes, rank)
+        self._ipc = ipc_sender(source, engines, bucket_bytes, rank, ACTOR_CALL_TIMEOUT_S)
 
     def ipc_send(self) -> None:
         self._ipc.send_weights()

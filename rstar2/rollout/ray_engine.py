@@ -153,14 +153,14 @@ class RayEngine:
         remote: Any = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or {})(
             EngineActor
         )
+        options: dict[str, Any] = {}  # one options() call: its result has no options()
         if bundle is not None:
-            strategy = PlacementGroupSchedulingStrategy(
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 bundle[0], placement_group_bundle_index=bundle[1]
             )
-            remote = remote.options(scheduling_strategy=strategy)
         if env:
-            remote = remote.options(runtime_env={"env_vars": env})
-        actor = remote.remote()
+            options["runtime_env"] = {"env_vars": env}
+        actor = (remote.options(**options) if options else remote).remote()
         try:
             info = await actor.start.remote(config)
             stats = await actor.kv_stats.remote()

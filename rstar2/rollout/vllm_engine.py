@@ -128,6 +128,9 @@ class VLLMEngine:
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from rstar2.rollout import vllm_compat
+
+        vllm_compat.check_supported()
         rollout = config.rollout
         chunked = config.enable_chunked_prefill
         native = None
@@ -172,10 +175,14 @@ class VLLMEngine:
 
         built: list[Any] = []
 
+        if config.weight_transfer == "ipc":
+            # IPC handles (torch types) cross to the engine core pickled: this process (vLLM's
+            # client, which encodes them and decodes the typed results) needs the flag for the
+            # engine's whole life, and the engine core reads it once at spawn
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+
         def build() -> None:
             with spawn_environment(on_cpu=current_platform.is_cpu()):
-                if config.weight_transfer == "ipc":  # IPC handles reach the engine core pickled
-                    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
                 built.append(AsyncLLM.from_engine_args(args, stat_loggers=[tap]))
 
         # off the event loop: starting the engine core takes seconds to minutes, and the
@@ -322,11 +329,21 @@ class VLLMEngine:
     async def finish_weight_transfer(self, version: str | None = None) -> None:
         """Every tensor is in: weights re-processed, outputs stamped ``version``, prefix cache
         dropped (its KV was computed by the old weights)."""
-        await self._rpc("a weight update", self._live().finish_weight_update(version))
-        await self._rpc("a prefix-cache reset", self._live().reset_prefix_cache())
+        from rstar2.rollout import vllm_compat
+
+        llm = self._live()
+        if vllm_compat.versioned_finish():
+            await self._rpc("a weight update", llm.finish_weight_update(version))
+        else:  # vLLM 0.26: outputs carry no weight version
+            await self._rpc("a weight update", llm.finish_weight_update())
+        await self._rpc("a prefix-cache reset", llm.reset_prefix_cache())
 
     async def set_weight_version(self, version: str) -> None:
-        await self._rpc("a weight update", self._live().update_weight_version(version))
+        """Stamp later outputs with ``version`` (vLLM >= 0.32; earlier ones keep none)."""
+        from rstar2.rollout import vllm_compat
+
+        if vllm_compat.versioned_finish():
+            await self._rpc("a weight update", self._live().update_weight_version(version))
 
     async def sleep(self, level: int) -> None:
         """Free GPU memory (1: KV cache, weights offloaded to CPU; 2: both freed)."""

@@ -115,19 +115,69 @@ def nccl_send(group: Any, source: Any, bucket_bytes: int, num_buffers: int) -> N
     )
 
 
-def ipc_sender(source: Any, engine_actors: list[Any], bucket_bytes: int, rank: int) -> Any:
-    """vLLM's IPC trainer engine for this rank, driving the engine actors through vLLM's Ray
-    client (rank 0 only calls them); ``send_weights()`` on every rank sends one version."""
-    from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient
-    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+def ipc_sender(
+    source: Any, engine_actors: list[Any], bucket_bytes: int, rank: int, call_timeout_s: float
+) -> Any:
+    """vLLM's IPC trainer side for this rank, driving the engine actors (rank 0 only calls
+    them, each call bounded by ``call_timeout_s``); ``send_weights()`` on every rank sends one
+    version. vLLM >= 0.32: its IPC trainer engine over its Ray client; 0.26: its static packed
+    sender, with the update started and finished here (:mod:`rstar2.rollout.vllm_compat`)."""
+    from rstar2.rollout import vllm_compat
 
     # vLLM's IPC buffer must hold the largest tensor (our buckets may exceed bucket_bytes by one)
     largest = max((tensor_nbytes(d, s) for _, d, s, _ in source.meta), default=0)
     size = max(bucket_bytes, largest)
+    if not vllm_compat.trainer_engines():
+        return _StaticIpcSender(source, engine_actors, size, rank, call_timeout_s)
+    from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
     info = IPCTrainerInitInfo(packed=True, packed_buffer_size_bytes=size, rank=rank)
     client = RayVLLMWeightSyncClient(engine_actors)
     return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
+
+
+class _StaticIpcSender:
+    """vLLM 0.26's IPC trainer side: ``IPCWeightTransferEngine.trainer_send_weights`` packs the
+    source's tensors into a buffer of ``buffer_bytes``, all-gathers the ranks' handles, and hands
+    each chunk to :meth:`_send` on rank 0, which loads it into every engine actor."""
+
+    def __init__(
+        self, source: Any, actors: list[Any], buffer_bytes: int, rank: int, timeout_s: float
+    ) -> None:
+        self.source, self.actors, self.buffer_bytes = source, actors, buffer_bytes
+        self.rank, self.timeout_s = rank, timeout_s
+
+    def send_weights(self) -> None:
+        from vllm.distributed.weight_transfer.ipc_engine import (  # type: ignore[attr-defined]
+            IPCTrainerSendWeightsArgs,  # vLLM 0.26 only
+            IPCWeightTransferEngine,
+        )
+
+        args = IPCTrainerSendWeightsArgs(
+            send_mode=self._send, packed=True, packed_buffer_size_bytes=self.buffer_bytes
+        )
+        self._on_engines("start_weight_update")
+        send = IPCWeightTransferEngine.trainer_send_weights  # type: ignore[attr-defined]
+        send(iter(self.source), args)
+        self._on_engines("finish_weight_update")
+
+    def _send(self, update_info: Any) -> None:
+        from dataclasses import asdict
+
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        request = WeightTransferUpdateRequest(update_info=asdict(update_info))
+        self._on_engines("update_weights", request)
+
+    def _on_engines(self, method: str, *args: Any) -> None:
+        """Rank 0 calls ``method`` on every engine actor and waits, at most ``timeout_s``."""
+        if self.rank != 0:
+            return
+        import ray
+
+        ray.get([getattr(a, method).remote(*args) for a in self.actors], timeout=self.timeout_s)
 
 
 def tensor_nbytes(dtype: str, shape: Sequence[int]) -> int:

@@ -176,3 +176,20 @@ def test_scheduler_cycle_ratios_pair_the_repeats_of_each_policy():
         del p["repeat_cycles_s"]
     old = {f.name: f for f in spec.figures({"policies": policies})}
     assert old["scheduler.cycle.kv_affinity_vs_round_robin"].value == 5.0
+
+
+def test_a_failed_row_is_recorded_and_the_report_is_still_written(tmp_path):
+    """`perf run --gpu` on an 80 GB H100 (perf/results/gpu-tier): the 16K-token megatron row
+    ran out of memory and the report crashed on it. A row with an "error" gives no figures,
+    the other rows do, and the plots and report are written."""
+    from perf import report
+
+    run = json.loads((RESULTS / "gpu-tier" / "perf-run-gpu-h100-crashed-eb0fb17.json").read_text())
+    result = run["benchmarks"]["learner_backends"]["result"]
+    assert "error" in result["results"]["megatron_16k"]  # the injected failure, as it came
+    (spec,) = [b for b in ALL if b.name == "learner_backends"]
+    names = {f.name for f in spec.figures(result)}
+    assert "learner_gpu.megatron.tokens_per_s" in names
+    assert not any("megatron_16k" in n for n in names)
+    images = report.plots(run, tmp_path)
+    assert any(p.name == "learner-tokens-per-s.png" and p.is_file() for p in images)

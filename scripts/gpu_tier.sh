@@ -31,7 +31,7 @@ fi
   $py -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   $py -c "import vllm; print('vllm', vllm.__version__)" 2>/dev/null || echo "vllm: not importable"
   $py -c "import ray; print('ray', ray.__version__)" 2>/dev/null || echo "ray: not importable"
-  echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "commit ${RSTAR2_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)} (set RSTAR2_COMMIT where the checkout travels without its .git)"
 } >"$out/versions.txt"
 cat "$out/versions.txt"
 status=0

@@ -62,6 +62,9 @@ async def _sync_then_compare(placement: RayPlacement, model_dir: Path, transfer:
         learner=TorchLearnerConfig(micro_batch_tokens_per_gpu=1024, activation_checkpointing=False),
         device="cuda",
         bf16_autocast=False,  # fp32 like the engine: the log-probs must agree
+        # torch 2.11's fp32 flex-attention decoding kernel has no valid choice for these short
+        # packs (InductorError NoValidChoicesError, seen on an H100)
+        attn_implementation="eager",
     )
     learner = placement.start_learner(settings)
     engine_config = VLLMEngineConfig(

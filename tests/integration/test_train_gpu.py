@@ -33,7 +33,7 @@ def sft_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(data folder, SFT model folder): the toy data and one SFT of the toy model on the GPU."""
     root = tmp_path_factory.mktemp("toy-gpu")
     data = root / "data"
-    res = run_cli("data", "toy", "--out", str(data), "--num-sft", "3000", "--num-train", "400")
+    res = run_cli("data", "toy", "--out", str(data), "--num-train", "400")
     assert res.returncode == 0, res.stderr[-3000:]
     res = run_cli(
         "sft",
@@ -94,9 +94,11 @@ def test_train_on_one_gpu(
     assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-4000:])
     steps = [r for r in _rows(run_dir) if "reward_mean" in r]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
-    paths = {r.get("sync/path") for r in steps}
-    assert paths == {"ipc" if placement == "colocated" else "buckets"}, paths
-    for r in steps:
+    # a step with a group of mixed rewards updates the weights, and they reach the engine
+    synced = [r for r in steps if r["updated"]]
+    assert synced, "no step updated the weights (no group had mixed rewards)"
+    assert {r["sync/path"] for r in synced} == {"ipc" if placement == "colocated" else "buckets"}
+    for r in synced:
         assert r["sync/gb"] > 0 and r["sync/gb_per_s"] > 0
     evals = [r for r in _rows(run_dir) if any(k.startswith("eval/") for k in r)]
     assert len(evals) >= 2  # before and after RL

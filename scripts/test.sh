@@ -13,12 +13,19 @@ mypy
 if [[ $# -gt 0 ]]; then
   exec pytest -q "$@"
 fi
+# every test's duration, slowest first (one block per pytest run), and the 25 slowest printed
+results="${RSTAR2_TEST_RESULTS:-test-results}"
+mkdir -p "$results"
+export RSTAR2_DURATIONS_FILE="$results/durations.txt"
+: >"$RSTAR2_DURATIONS_FILE"
 if [[ "${RSTAR2_TEST_WORKERS:-1}" -gt 1 ]]; then
-  pytest -q -n "$RSTAR2_TEST_WORKERS" --dist loadfile --no-loadscope-reorder -m "not serial"
-  pytest -q -m serial
+  pytest -q --durations=25 -n "$RSTAR2_TEST_WORKERS" --dist loadfile --no-loadscope-reorder \
+    -m "not serial"
+  pytest -q --durations=25 -m serial
 else
-  pytest -q
+  pytest -q --durations=25 --junitxml="$results/junit.xml"
 fi
+echo "test durations: $RSTAR2_DURATIONS_FILE"
 # the benchmarks as a smoke test (no timing gate): each micro benchmark once, the quick suite
 pytest -q -p no:cacheprovider perf --benchmark-disable
 python -m perf run --quick --out "$(mktemp -d)"

@@ -88,3 +88,23 @@ def tool_model_dir(tmp_path_factory) -> Path:
             build_tool_model(folder)
             done.touch()
     return folder
+
+
+_DURATIONS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Setup, call and teardown seconds of every test, summed (for RSTAR2_DURATIONS_FILE)."""
+    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Every test's duration, slowest first, to RSTAR2_DURATIONS_FILE when it is set
+    (scripts/test.sh sets it: a regression in test time shows in the run's output)."""
+    path = os.environ.get("RSTAR2_DURATIONS_FILE")
+    if not path or not _DURATIONS or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rows = sorted(_DURATIONS.items(), key=lambda kv: -kv[1])
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as out:
+        out.writelines(f"{seconds:9.2f}  {nodeid}\n" for nodeid, seconds in rows)

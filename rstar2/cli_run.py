@@ -26,7 +26,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     world = torchrun_world()  # a learner-only job under torchrun: every rank runs this
     check_learner_supported(cfg, torchrun_ranks=world)  # before a run folder exists
     tiny, base = cfg.model.tiny, Path(cfg.model.path)
-    if tiny is not None and world is None and not (base / "config.json").is_file():
+    if tiny is not None and cfg.sft.data and world is None and not (base / "config.json").is_file():
         from rstar2.recipe import build_tiny
 
         print(f"building a tiny model in {base}", flush=True)  # as `rstar2 train` does

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 out=${GPU_TIER_OUT:-${OUT:-gpu-tier-results}}
 mkdir -p "$out"
 : >"$out/log.txt"
-if [[ -d /root/staged && ! -d /root/vllm/vllm ]]; then
+if [[ -d /root/staged && ! -d /root/vllm/vllm && -f .gpu/install.sh ]]; then
   bash .gpu/install.sh >"$out/install.txt" 2>&1 || { tail -20 "$out/install.txt"; exit 1; }
 fi
 if [[ -d /root/vllm/vllm ]]; then
@@ -34,6 +34,9 @@ fi
   echo "commit ${RSTAR2_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)} (set RSTAR2_COMMIT where the checkout travels without its .git)"
 } >"$out/versions.txt"
 cat "$out/versions.txt"
+# nothing passes by skipping: the tier needs a GPU, vLLM and Ray here
+$py -c "import torch, vllm, ray; assert torch.cuda.is_available(), 'no CUDA device'" \
+  || { echo "gpu_tier: needs a CUDA GPU, vLLM and Ray in this Python" >&2; exit 1; }
 status=0
 for arg in "${modules[@]}"; do
   m=${arg%%:*}; k=(); [[ "$arg" == *:* ]] && k=(-k "${arg#*:}")

@@ -9,11 +9,16 @@ the window, read from each release's source:
   ``update_weight_version`` (outputs are not stamped); the IPC trainer side is the static
   ``IPCWeightTransferEngine.trainer_send_weights(iterator, IPCTrainerSendWeightsArgs)``, whose
   caller starts and finishes the update on the engines itself; the NCCL init info has no packing
-  fields and ``trainer_init`` no ``rank`` (the split placement's NCCL path needs >= 0.32).
+  fields and ``trainer_init`` no ``rank``.
 - 0.32: the trainer engines of ``WeightTransferTrainerFactory`` (``IPCTrainerInitInfo``,
   ``trainer_init(info, rank=)``), versioned finishes.
 - 0.33 changed ``WeightSource`` (``metadata`` a cached property, ``iter_full``): not yet
   supported, refused.
+
+Between 0.26 and 0.32 (0.27-0.31, the images' 0.31 among them) no source was read: upstream
+threads say the trainer engines replaced the static IPC sender around 0.28. So each difference
+is detected from the installed vLLM itself (:func:`versioned_finish`, :func:`trainer_engines`,
+:func:`check_nccl_transfer`), not from its version number.
 """
 
 from __future__ import annotations
@@ -25,8 +30,6 @@ from rstar2.config_base import ConfigError
 
 OLDEST = (0, 26)
 NEWEST_EXCLUSIVE = (0, 33)
-VERSIONED_FINISH = (0, 32)  # finish_weight_update(version), update_weight_version
-TRAINER_ENGINES = (0, 32)  # WeightTransferTrainerFactory.trainer_init, IPCTrainerInitInfo
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -58,11 +61,37 @@ def check_supported(version: tuple[int, int] | None = None) -> None:
         )
 
 
-def versioned_finish(version: tuple[int, int] | None = None) -> bool:
-    """Whether ``finish_weight_update`` takes a version and ``update_weight_version`` exists."""
-    return (vllm_version() if version is None else version) >= VERSIONED_FINISH
+def versioned_finish() -> bool:
+    """Whether ``AsyncLLM.finish_weight_update`` takes a version (and ``update_weight_version``
+    exists), read from the installed vLLM."""
+    import inspect
+
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    finish = inspect.signature(AsyncLLM.finish_weight_update).parameters
+    return "weight_version" in finish and hasattr(AsyncLLM, "update_weight_version")
 
 
-def trainer_engines(version: tuple[int, int] | None = None) -> bool:
-    """Whether vLLM has trainer-side transfer engines (else the 0.26 static IPC sender)."""
-    return (vllm_version() if version is None else version) >= TRAINER_ENGINES
+def trainer_engines() -> bool:
+    """Whether the installed vLLM has trainer-side IPC transfer engines (``IPCTrainerInitInfo``
+    for ``WeightTransferTrainerFactory``), else 0.26's static packed sender."""
+    from vllm.distributed.weight_transfer import ipc_engine
+
+    return hasattr(ipc_engine, "IPCTrainerInitInfo")
+
+
+def check_nccl_transfer() -> None:
+    """ConfigError (one line) when the installed vLLM's NCCL weight transfer lacks what the
+    split placement sends (packed buffers in the init info, ``trainer_init(rank=)``)."""
+    import inspect
+
+    from vllm.distributed.weight_transfer import nccl_common
+
+    if "rank" not in inspect.signature(nccl_common.trainer_init).parameters:
+        import vllm
+
+        raise ConfigError(
+            "cluster.colocate",
+            f"the split placement's NCCL weight transfer needs vLLM >= 0.32 (installed: "
+            f"{vllm.__version__}): install a newer vLLM, or colocate (cluster.colocate: true)",
+        )

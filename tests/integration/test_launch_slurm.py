@@ -29,6 +29,7 @@ from tests.helpers.slurm_cluster import SlurmCluster, skip_reason, slurm_cluster
 # serial: the job's preflight refuses a node where other Ray/vLLM processes run, and the
 # leftover check looks for any raylet or redis-server
 pytestmark = [
+    pytest.mark.full,  # minutes: a Slurm cluster (bash scripts/test.sh --full)
     pytest.mark.serial,
     pytest.mark.skipif(bool(skip_reason()), reason=skip_reason() or ""),
 ]

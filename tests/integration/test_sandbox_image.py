@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 TAG = "localhost/rstar2-sandbox:test"
 
 pytestmark = [
+    pytest.mark.full,  # minutes: an image build (bash scripts/test.sh --full)
     # serial: the container's pool claims its uid block in its own /run, so it would hand out
     # the uids a host pool of a test running beside it holds (and share its process limit)
     pytest.mark.serial,

@@ -16,7 +16,10 @@ from tests.helpers.slurm_cluster import (
     slurm_cluster,
 )
 
-pytestmark = pytest.mark.skipif(not slurm_available(), reason=skip_reason() or "n/a")
+pytestmark = [
+    pytest.mark.full,  # minutes: a Slurm cluster (bash scripts/test.sh --full)
+    pytest.mark.skipif(not slurm_available(), reason=skip_reason() or "n/a"),
+]
 
 # generous for a loaded 2-core machine; each seen at ~1-3 s when idle
 STEP_TIMEOUT_S = 60.0

@@ -25,12 +25,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     world = torchrun_world()  # a learner-only job under torchrun: every rank runs this
     check_learner_supported(cfg, torchrun_ranks=world)  # before a run folder exists
-    tiny, base = cfg.model.tiny, Path(cfg.model.path)
-    if tiny is not None and cfg.sft.data and world is None and not (base / "config.json").is_file():
-        from rstar2.recipe import build_tiny
+    if cfg.sft.data and world is None:  # as `rstar2 train` does
+        from rstar2.recipe import build_tiny_if_missing
 
-        print(f"building a tiny model in {base}", flush=True)  # as `rstar2 train` does
-        build_tiny(cfg, base)
+        build_tiny_if_missing(cfg, lambda line: print(line, flush=True))
     check_sft_inputs(cfg)
     if world is not None:
         init_torchrun_group(cfg.cluster.accelerator)

@@ -40,9 +40,7 @@ def initial_policy(
     once; a resumed run reuses it). SFT asks ``should_stop`` between steps
     (:class:`~rstar2.sft.SftStopped`)."""
     base = Path(cfg.model.path)
-    if cfg.model.tiny is not None and not (base / "config.json").is_file():
-        say(f"building a tiny model in {base}")
-        build_tiny(cfg, base)
+    build_tiny_if_missing(cfg, say)
     if not (base / "config.json").is_file():
         raise DataError(f"model.path {base} is not a model folder (no config.json)")
     if not cfg.sft.data:
@@ -61,6 +59,14 @@ def initial_policy(
             f"{result['last_nll']:.3f} ({result['time_s']:.0f} s)"
         )
     return str(sft_dir / "model")
+
+
+def build_tiny_if_missing(cfg: Config, say: Say) -> None:
+    """Build ``model.tiny`` at ``model.path`` when it is set and that folder holds no model."""
+    base = Path(cfg.model.path)
+    if cfg.model.tiny is not None and not (base / "config.json").is_file():
+        say(f"building a tiny model in {base}")
+        build_tiny(cfg, base)
 
 
 def build_tiny(cfg: Config, folder: Path) -> None:

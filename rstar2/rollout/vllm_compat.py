@@ -61,9 +61,10 @@ def check_supported(version: tuple[int, int] | None = None) -> None:
         )
 
 
+@functools.cache
 def versioned_finish() -> bool:
     """Whether ``AsyncLLM.finish_weight_update`` takes a version (and ``update_weight_version``
-    exists), read from the installed vLLM."""
+    exists), read from the installed vLLM once."""
     import inspect
 
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -72,6 +73,7 @@ def versioned_finish() -> bool:
     return "weight_version" in finish and hasattr(AsyncLLM, "update_weight_version")
 
 
+@functools.cache
 def trainer_engines() -> bool:
     """Whether the installed vLLM has trainer-side IPC transfer engines (``IPCTrainerInitInfo``
     for ``WeightTransferTrainerFactory``), else 0.26's static packed sender."""

@@ -16,6 +16,7 @@ SHAPES = {
     "Qwen/Qwen3-14B": DecoderShape(5120, 17408, 40, 40, 8, 128, 151936),
     "Qwen/Qwen3-8B": DecoderShape(4096, 12288, 36, 32, 8, 128, 151936),
     "Qwen/Qwen3-1.7B": DecoderShape(2048, 6144, 28, 16, 8, 128, 151936),
+    "Qwen/Qwen3-0.6B": DecoderShape(1024, 3072, 28, 16, 8, 128, 151936),
     "Qwen/Qwen2.5-14B": QWEN2_5_14B,
 }
 

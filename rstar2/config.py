@@ -330,6 +330,12 @@ class _LearnerSection(_Section):
     weight_sync_bucket_mb: int = Field(
         512, ge=1, description="Upper bound of one weight-sync bucket sent to the engines."
     )
+    weight_sync_audit: bool = Field(
+        False,
+        description="After every weight sync, record each engine's weight checksum and export "
+        "the learner's weights to <run>/sync_audit/ for `python -m rstar2.sync.audit RUN_DIR` "
+        "(debugging: a full export per step).",
+    )
     num_ranks: int = Field(
         1,
         ge=1,

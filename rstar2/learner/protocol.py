@@ -63,10 +63,11 @@ class Learner(Protocol):
         ...
 
     def named_weights(
-        self, bucket_bytes: int, *, every_rank: bool = False
+        self, bucket_bytes: int, dtype: Any = None, *, every_rank: bool = False
     ) -> Iterator[list[tuple[str, Any]]]:
         """The full weights under their HF names, in buckets of at most ``bucket_bytes`` (a
-        single larger tensor is a bucket of its own). Every rank must iterate, and every rank
+        single larger tensor is a bucket of its own), cast to ``dtype`` (a torch dtype; None:
+        the learner's own). Every rank must iterate, and every rank
         gets one list per bucket, after that bucket's collectives (the ranks stay in step, so a
         caller may run its own collective per bucket); only rank 0's lists hold tensors, the
         other ranks' are empty, except with ``every_rank`` on a backend whose gathers leave

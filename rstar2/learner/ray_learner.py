@@ -128,6 +128,11 @@ class RayLearner:
         """Every rank's parameters and optimizer state to host memory (torch backend)."""
         await asyncio.gather(*(a.offload.remote() for a in self._actors))
 
+    async def empty_cache(self) -> None:
+        """Every rank hands its allocator's cached GPU blocks back (colocated engines are about
+        to take the memory)."""
+        await asyncio.gather(*(a.empty_cache.remote() for a in self._actors))
+
     async def reload(self) -> None:
         """Every rank's state back on its GPU."""
         await asyncio.gather(*(a.reload.remote() for a in self._actors))
@@ -188,14 +193,14 @@ class RayLearner:
         self._call("export_hf", str(folder))
 
     def named_weights(
-        self, bucket_bytes: int, *, every_rank: bool = False
+        self, bucket_bytes: int, dtype: Any = None, *, every_rank: bool = False
     ) -> Iterator[list[tuple[str, Any]]]:
         """Rank 0's buckets, through the object store (``every_rank`` has no meaning for the
         group's caller, which is one process)."""
         import ray
 
         streams = [
-            a.named_weights.options(num_returns="streaming").remote(bucket_bytes)
+            a.named_weights.options(num_returns="streaming").remote(bucket_bytes, dtype)
             for a in self._actors
         ]
         for ref in streams[0]:
@@ -209,9 +214,10 @@ class RayLearner:
         address: str = await self._actors[0].rendezvous.remote()
         return address
 
-    async def weight_metadata(self, bucket_bytes: int) -> list[Any]:
-        """(name, dtype, shape, bucket) of every exported tensor (one gather pass)."""
-        refs = [a.weight_metadata.remote(bucket_bytes) for a in self._actors]
+    async def weight_metadata(self, bucket_bytes: int, dtype: str | None = None) -> list[Any]:
+        """(name, dtype, shape, bucket) of every exported tensor cast to ``dtype`` (one gather
+        pass)."""
+        refs = [a.weight_metadata.remote(bucket_bytes, dtype) for a in self._actors]
         return list((await asyncio.gather(*refs))[0])
 
     async def open_nccl(self, address: str, world_size: int) -> None:
@@ -220,15 +226,22 @@ class RayLearner:
             *(a.open_nccl.remote(r, address, world_size) for r, a in enumerate(self._actors))
         )
 
-    async def nccl_send(self, meta: list[Any], bucket_bytes: int, num_buffers: int) -> None:
+    async def nccl_send(
+        self, meta: list[Any], bucket_bytes: int, num_buffers: int, dtype: str | None = None
+    ) -> None:
         await asyncio.gather(
-            *(a.nccl_send.remote(meta, bucket_bytes, num_buffers) for a in self._actors)
+            *(a.nccl_send.remote(meta, bucket_bytes, num_buffers, dtype) for a in self._actors)
         )
 
-    async def open_ipc(self, engines: list[Any], meta: list[Any], bucket_bytes: int) -> None:
+    async def open_ipc(
+        self, engines: list[Any], meta: list[Any], bucket_bytes: int, dtype: str | None = None
+    ) -> None:
         """Every rank builds vLLM's IPC trainer engine (rank 0 inits the engines)."""
         await asyncio.gather(
-            *(a.open_ipc.remote(r, engines, meta, bucket_bytes) for r, a in enumerate(self._actors))
+            *(
+                a.open_ipc.remote(r, engines, meta, bucket_bytes, dtype)
+                for r, a in enumerate(self._actors)
+            )
         )
 
     async def ipc_send(self) -> None:

@@ -88,6 +88,12 @@ class LearnerActor:
         if isinstance(self._learner, TorchLearner):
             self._learner.offload()
 
+    def empty_cache(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     def reload(self) -> None:
         from rstar2.learner.torch_backend import TorchLearner
 
@@ -119,37 +125,48 @@ class LearnerActor:
     def export_hf(self, folder: str) -> None:
         self._learner.export_hf(folder)
 
-    def named_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, Any]]]:
-        for bucket in self._learner.named_weights(bucket_bytes):
+    def named_weights(
+        self, bucket_bytes: int, dtype: Any = None
+    ) -> Iterator[list[tuple[str, Any]]]:
+        for bucket in self._learner.named_weights(bucket_bytes, dtype):
             yield [(name, tensor.cpu()) for name, tensor in bucket]
 
     # ---- vLLM's native weight transfer (GPU; rstar2.sync.vllm_native drives these) ----
 
-    def weight_metadata(self, bucket_bytes: int) -> list[Any]:
+    def weight_metadata(self, bucket_bytes: int, dtype: str | None = None) -> list[Any]:
         from rstar2.sync.native_sender import weight_metadata
 
-        return weight_metadata(self._learner, bucket_bytes)
+        return weight_metadata(self._learner, bucket_bytes, dtype)
 
     def open_nccl(self, rank: int, address: str, world_size: int) -> None:
         from rstar2.sync.native_sender import open_nccl
 
         self._nccl = open_nccl(address, world_size) if rank == 0 else None
 
-    def nccl_send(self, meta: list[Any], bucket_bytes: int, num_buffers: int) -> None:
+    def nccl_send(
+        self, meta: list[Any], bucket_bytes: int, num_buffers: int, dtype: str | None = None
+    ) -> None:
         from rstar2.sync.native_sender import learner_weights, nccl_send
 
-        source = learner_weights(self._learner, meta, bucket_bytes, everywhere=False)
+        source = learner_weights(self._learner, meta, bucket_bytes, everywhere=False, dtype=dtype)
         if self._nccl is None:
             for _ in source:  # the gathers only
                 pass
         else:
             nccl_send(self._nccl, source, bucket_bytes, num_buffers)
 
-    def open_ipc(self, rank: int, engines: list[Any], meta: list[Any], bucket_bytes: int) -> None:
+    def open_ipc(
+        self,
+        rank: int,
+        engines: list[Any],
+        meta: list[Any],
+        bucket_bytes: int,
+        dtype: str | None = None,
+    ) -> None:
         from rstar2.rollout.ray_engine import ACTOR_CALL_TIMEOUT_S
         from rstar2.sync.native_sender import ipc_sender, learner_weights
 
-        source = learner_weights(self._learner, meta, bucket_bytes, everywhere=True)
+        source = learner_weights(self._learner, meta, bucket_bytes, everywhere=True, dtype=dtype)
         self._ipc = ipc_sender(source, engines, bucket_bytes, rank, ACTOR_CALL_TIMEOUT_S)
 
     def ipc_send(self) -> None:

@@ -24,6 +24,7 @@ CLOSE_TIMEOUT_S = 60.0  # an engine actor's own shutdown; past it the actor is k
 # an actor call: the engine inside bounds each of its own calls at RPC_TIMEOUT_S (and says which
 # one hung; a call makes two at most); this bounds an actor that does not answer at all
 ACTOR_CALL_TIMEOUT_S = 2 * RPC_TIMEOUT_S + 60.0
+PING_TIMEOUT_S = 30.0  # a liveness probe: no engine work behind it
 
 
 class EngineActor:
@@ -233,6 +234,22 @@ class RayEngine:
 
     async def weight_checksum(self) -> str:
         return str(await self._call("a checksum", "weight_checksum"))
+
+    async def ping(self, timeout_s: float = PING_TIMEOUT_S) -> None:
+        """EngineDown unless the actor answers within ``timeout_s`` that its vLLM engine lives
+        (an async actor answers while another of its calls waits)."""
+        import ray.exceptions
+
+        try:
+            alive = await asyncio.wait_for(self._live().alive.remote(), timeout_s)
+        except TimeoutError as exc:
+            if isinstance(exc, ray.exceptions.RayTaskError):
+                raise
+            raise EngineDown(f"the engine actor did not answer in {timeout_s:g}s") from None
+        except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
+            raise EngineDown(f"the engine actor is gone: {exc}".splitlines()[0]) from exc
+        if not alive:
+            raise EngineDown("the vLLM engine inside the actor is dead")
 
     async def _call(self, what: str, method: str, *args: Any, bounded: bool = True) -> Any:
         """One call of the actor's ``method``. EngineDown when the actor is gone (killed, its

@@ -12,8 +12,10 @@ the window, read from each release's source:
   fields and ``trainer_init`` no ``rank``.
 - 0.32: the trainer engines of ``WeightTransferTrainerFactory`` (``IPCTrainerInitInfo``,
   ``trainer_init(info, rank=)``), versioned finishes.
-- 0.33 changed ``WeightSource`` (``metadata`` a cached property, ``iter_full``): not yet
-  supported, refused.
+- 0.33: ``WeightSource.metadata`` must be a ``functools.cached_property`` (checked when the
+  subclass is defined) and the IPC trainer engine pulls ``iter_full()``, not ``__iter__``
+  (:func:`cached_source_metadata`); the rest of the transfer API is 0.32's. Read from its
+  wheel's source; not run (its wheel pins a newer torch than the lent GPU's).
 
 Between 0.26 and 0.32 (0.27-0.31, the images' 0.31 among them) no source was read: upstream
 threads say the trainer engines replaced the static IPC sender around 0.28. So each difference
@@ -29,7 +31,7 @@ import re
 from rstar2.config_base import ConfigError
 
 OLDEST = (0, 26)
-NEWEST_EXCLUSIVE = (0, 33)
+NEWEST_EXCLUSIVE = (0, 34)
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -80,6 +82,17 @@ def trainer_engines() -> bool:
     from vllm.distributed.weight_transfer import ipc_engine
 
     return hasattr(ipc_engine, "IPCTrainerInitInfo")
+
+
+@functools.cache
+def cached_source_metadata() -> bool:
+    """Whether the installed vLLM's ``WeightSource`` declares ``metadata`` a property (and
+    full-tensor sources implement ``iter_full``), else a method and ``__iter__``."""
+    import inspect
+
+    from vllm.distributed.weight_transfer.base import WeightSource
+
+    return isinstance(inspect.getattr_static(WeightSource, "metadata"), property)
 
 
 def check_nccl_transfer() -> None:

@@ -269,8 +269,14 @@ class RayPlacement:
 
         if transfer == "ipc":
             offload = getattr(self.cfg.learner, "offload_while_generating", False)
-            return IpcSync(learner, ray_engines, bucket_bytes, offload_learner=offload)
-        return NcclSync(learner, ray_engines, bucket_bytes)
+            return IpcSync(
+                learner,
+                ray_engines,
+                bucket_bytes,
+                offload_learner=offload,
+                wire_dtype=self.cfg.model.dtype,
+            )
+        return NcclSync(learner, ray_engines, bucket_bytes, wire_dtype=self.cfg.model.dtype)
 
 
 def engine_weight_transfer(cfg: Config) -> Literal["file", "nccl", "ipc"]:

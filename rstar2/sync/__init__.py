@@ -41,6 +41,9 @@ class SyncStats:
     bucket_bytes: int  # the configured bound
     path: str  # "buckets", "group", "nccl", "ipc"
     failed: tuple[int, ...] = ()  # engine slots that died during this sync (not loaded)
+    # seconds of each phase around the transfer where the path has them (colocated: the
+    # engines' sleep before the step, their wake-ups, the learner's memory release)
+    phases: tuple[tuple[str, float], ...] = ()
 
     @property
     def gb_per_s(self) -> float:
@@ -48,7 +51,7 @@ class SyncStats:
 
     def metrics(self) -> dict[str, float | str]:
         """The step-metric fields of this sync."""
-        return {
+        out: dict[str, float | str] = {
             "sync/path": self.path,
             "sync/bucket_mb": self.bucket_bytes / 2**20,
             "sync/largest_bucket_mb": self.largest_bucket_bytes / 2**20,
@@ -56,6 +59,8 @@ class SyncStats:
             "sync/gb": self.bytes / 1e9,
             "sync/gb_per_s": self.gb_per_s,
         }
+        out.update({f"sync/{name}_s": seconds for name, seconds in self.phases})
+        return out
 
 
 class WeightSync(Protocol):

@@ -17,79 +17,152 @@ Nothing here runs on CPU: vLLM's transfer engines need CUDA.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rstar2.learner.protocol import Learner
 
-
-def _source_base() -> type:
-    from vllm.distributed.weight_transfer.base import WeightSource
-
-    return WeightSource
-
-
 Meta = list[tuple[str, str, list[int], int]]  # name, dtype name, shape, bucket index
 
 
-def weight_metadata(learner: Learner, bucket_bytes: int) -> Meta:
-    """(name, dtype name, shape, bucket) of every tensor ``named_weights`` yields, in its order
-    (every rank must call; only rank 0's list is filled)."""
+def weight_metadata(learner: Learner, bucket_bytes: int, dtype: str | None = None) -> Meta:
+    """(name, dtype name, shape, bucket) of every tensor ``named_weights`` yields in ``dtype``
+    (a torch dtype name, the engines' own: the wire carries what they hold; None: the
+    learner's), in its order (every rank must call; only rank 0's list is filled)."""
     meta: Meta = []
-    for index, bucket in enumerate(learner.named_weights(bucket_bytes)):
+    for index, bucket in enumerate(learner.named_weights(bucket_bytes, _torch_dtype(dtype))):
         for name, t in bucket:
             meta.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), index))
     return meta
 
 
 def learner_weights(
-    learner: Learner, meta: Meta, bucket_bytes: int, everywhere: bool, device: str = "cuda"
+    learner: Learner,
+    meta: Meta,
+    bucket_bytes: int,
+    everywhere: bool,
+    device: str = "cuda",
+    dtype: str | None = None,
 ) -> Any:
-    """A vLLM ``WeightSource`` over ``learner`` (``meta``: rank 0's :func:`weight_metadata`,
-    given to every rank) yielding tensors on ``device``; ``everywhere``: every rank yields
-    them (each bucket broadcast from rank 0 in the learner group after its gathers), else only
-    rank 0 does."""
+    """A vLLM ``WeightSource`` over ``learner`` (``meta``: rank 0's :func:`weight_metadata` in
+    the same ``dtype``, given to every rank) yielding tensors on ``device``; ``everywhere``:
+    every rank yields them (each bucket broadcast from rank 0 in the learner group after its
+    gathers), else only rank 0 does.
+
+    Guarantees of each pass: the tensors come in ``meta``'s order with its names, dtypes and
+    shapes (a drift raises RuntimeError before anything mismatched is sent: both ends of the
+    packed stream split it by ``meta``); each tensor is complete on the CUDA stream that is
+    current when it is yielded and is not freed before that stream's work on it is done
+    (vLLM's packed producers pull from the source under their own side streams, and a bucket's
+    gathers ran under the stream current when its first tensor was pulled)."""
     import torch
     import torch.distributed as dist
-    from vllm.distributed.weight_transfer.base import ParamMeta
 
-    base = _source_base()
+    from rstar2.rollout import vllm_compat
+
     entries = meta
     spread = everywhere and dist.is_initialized() and dist.get_world_size() > 1
+    wire = _torch_dtype(dtype)
+    on_cuda = torch.device(device).type == "cuda"
 
-    class LearnerWeights(base):  # type: ignore[misc, valid-type]
+    def bucket_tensors() -> Iterator[tuple[list[tuple[str, Any]], Any]]:
+        """Each bucket as (name, tensor) pairs on ``device`` and the event closing its work."""
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        held: bool | None = None  # every rank holds every bucket's tensors (FSDP2)
+        for index, bucket in enumerate(
+            learner.named_weights(bucket_bytes, wire, every_rank=spread)
+        ):
+            bucket = [(n, t.to(device, non_blocking=True)) for n, t in bucket]  # megatron: CPU
+            if spread and held is None:  # decided once, by every rank alike
+                wanted = sum(1 for *_, at in entries if at == index)
+                flag = torch.tensor([int(len(bucket) == wanted)], device=device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+                held = bool(flag.item())
+            if spread and not held:
+                if rank == 0:
+                    bucket = [(n, t.contiguous()) for n, t in bucket]
+                else:
+                    bucket = [
+                        (n, torch.empty(s, dtype=getattr(torch, d), device=device))
+                        for n, d, s, at in entries
+                        if at == index
+                    ]
+                for _, tensor in bucket:
+                    dist.broadcast(tensor, src=0)
+            done = None
+            if on_cuda:
+                done = torch.cuda.Event()
+                done.record()  # on the stream current while this bucket was made
+            yield bucket, done
+
+    def checked() -> Iterator[tuple[str, Any]]:
+        position = 0
+        for bucket, done in bucket_tensors():
+            for name, tensor in bucket:
+                if position >= len(entries):
+                    raise RuntimeError(f"the learner yielded {name!r} past its weight metadata")
+                want, dtype_name, shape, _ = entries[position]
+                got = (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape))
+                if got != (want, dtype_name, list(shape)):
+                    raise RuntimeError(
+                        f"the learner's weights drifted from their metadata at tensor "
+                        f"{position}: {got} where {(want, dtype_name, list(shape))} was declared"
+                    )
+                position += 1
+                if done is not None:
+                    current = torch.cuda.current_stream()
+                    current.wait_event(done)
+                    tensor.record_stream(current)
+                yield name, tensor
+        if position != len(entries):
+            raise RuntimeError(
+                f"the learner yielded {position} tensors, its weight metadata declares "
+                f"{len(entries)}"
+            )
+
+    def params() -> list[Any]:
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(n, getattr(torch, d), tuple(s)) for n, d, s, _ in entries]
+
+    from vllm.distributed.weight_transfer import base
+
+    WeightSource: Any = base.WeightSource  # 0.26-0.32: metadata a method; 0.33: a property
+    if vllm_compat.cached_source_metadata():  # vLLM >= 0.33
+
+        class CachedLearnerWeights(WeightSource):
+            meta = entries
+
+            @functools.cached_property
+            def metadata(self) -> list[Any]:
+                return params()
+
+            def iter_full(self) -> Iterator[tuple[str, Any]]:
+                return checked()
+
+            def __iter__(self) -> Iterator[tuple[str, Any]]:
+                return checked()
+
+        return CachedLearnerWeights()
+
+    class LearnerWeights(WeightSource):
         meta = entries
 
         def metadata(self) -> list[Any]:
-            return [ParamMeta(n, getattr(torch, d), tuple(s)) for n, d, s, _ in meta]
+            return params()
 
         def __iter__(self) -> Iterator[tuple[str, Any]]:
-            rank = dist.get_rank() if dist.is_initialized() else 0
-            held: bool | None = None  # every rank holds every bucket's tensors (FSDP2)
-            buckets = learner.named_weights(bucket_bytes, every_rank=spread)
-            for index, bucket in enumerate(buckets):
-                bucket = [(n, t.to(device, non_blocking=True)) for n, t in bucket]  # megatron: CPU
-                if spread and held is None:  # decided once, by every rank alike
-                    wanted = sum(1 for *_, at in meta if at == index)
-                    flag = torch.tensor([int(len(bucket) == wanted)], device=device)
-                    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-                    held = bool(flag.item())
-                if not spread or held:
-                    yield from bucket
-                    continue
-                if rank == 0:
-                    for name, tensor in bucket:
-                        tensor = tensor.contiguous()
-                        dist.broadcast(tensor, src=0)
-                        yield name, tensor
-                    continue
-                for name, dtype, shape, at in meta:
-                    if at == index:
-                        tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-                        dist.broadcast(tensor, src=0)
-                        yield name, tensor
+            return checked()
 
     return LearnerWeights()
+
+
+def _torch_dtype(name: str | None) -> Any:
+    import torch
+
+    return None if name is None else getattr(torch, name)
 
 
 def open_nccl(address: str, world_size: int) -> Any:
@@ -160,7 +233,12 @@ class _StaticIpcSender:
         )
         self._on_engines("start_weight_update")
         send = IPCWeightTransferEngine.trainer_send_weights  # type: ignore[attr-defined]
-        send(iter(self.source), args)
+        try:
+            send(iter(self.source), args)
+        except BaseException:  # no engine is left inside an update it cannot finish
+            with contextlib.suppress(Exception):
+                self._on_engines("finish_weight_update")
+            raise
         self._on_engines("finish_weight_update")
 
     def _send(self, update_info: Any) -> None:
@@ -172,12 +250,26 @@ class _StaticIpcSender:
         self._on_engines("update_weights", request)
 
     def _on_engines(self, method: str, *args: Any) -> None:
-        """Rank 0 calls ``method`` on every engine actor and waits, at most ``timeout_s``."""
+        """Rank 0 calls ``method`` on every engine actor and waits, at most ``timeout_s``;
+        EngineDown naming the engine when one is gone or does not answer in time."""
         if self.rank != 0:
             return
-        import ray
+        import ray.exceptions
 
-        ray.get([getattr(a, method).remote(*args) for a in self.actors], timeout=self.timeout_s)
+        from rstar2.rollout.engine import EngineDown
+
+        refs = [getattr(a, method).remote(*args) for a in self.actors]
+        for index, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=self.timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise EngineDown(
+                    f"engine {index} did not answer {method} in {self.timeout_s:g} s"
+                ) from None
+            except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
+                raise EngineDown(
+                    f"engine {index} is gone ({method}): {exc}".splitlines()[0]
+                ) from exc
 
 
 def tensor_nbytes(dtype: str, shape: Sequence[int]) -> int:

@@ -330,6 +330,11 @@ class Trainer:
         stats, restarted = await self.services.sync_weights()
         for i in restarted:
             self._say(f"rollout engine {i} failed and was restarted with the current weights")
+        if self.cfg.learner.weight_sync_audit:
+            from rstar2.sync import audit
+
+            engine = services_spec(self.cfg, self.policy_path).engine
+            await audit.record(self.run_dir, self.services.engines, self.learner, engine)
         return stats
 
     async def evaluate(self, step: int) -> dict[str, float]:

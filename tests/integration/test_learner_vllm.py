@@ -108,3 +108,36 @@ async def test_learner_matches_engine_before_and_after_a_step_and_sync(
     # the sync mattered: the old sequences now score differently on both sides
     moved = _max_gap(seqs, learner.compute_logprobs(seqs))
     assert moved > 1e-2
+
+
+async def test_the_sync_audit_finds_equal_weights_after_a_sync_and_a_stale_engine(
+    engine, tool_model_dir: Path, tmp_path: Path
+):
+    """rstar2.sync.audit against real engines: a synced engine's checksum equals an engine's
+    loaded from the learner's export, and an engine left behind a step is caught."""
+    from rstar2.sync import audit
+    from tests.helpers.learner_data import random_batch
+
+    learner = TorchLearner(
+        TorchLearnerSettings(
+            model_path=str(tool_model_dir),
+            optim=OptimConfig(lr=1e-3, warmup_steps=0),
+            learner=TorchLearnerConfig(micro_batch_tokens_per_gpu=2048),
+        )
+    )
+    config = engine_config(tool_model_dir, blocks=64)
+    await sync_weights(learner, [engine], bucket_bytes=BUCKET)
+    await audit.record(tmp_path, [engine], learner, config)  # step 0
+    learner.train_step(random_batch(4, seed=1))
+    await sync_weights(learner, [engine], bucket_bytes=BUCKET)
+    await audit.record(tmp_path, [engine], learner, config)  # step 1
+    learner.train_step(random_batch(4, seed=2))
+    await audit.record(tmp_path, [engine], learner, config)  # step 2: not synced
+    rows = await audit.audit(tmp_path)
+    assert [(r.step, r.how, r.ok) for r in rows] == [
+        (0, "fresh engine", True),
+        (1, "loaded into the audit engine", True),
+        (2, "loaded into the audit engine", False),
+        (2, "fresh engine", False),
+    ]
+    assert audit.main([str(tmp_path / "nothing")]) == 2  # no index: one line, no traceback

@@ -47,7 +47,15 @@ async def local_ray():
 
 def _config(colocate: bool) -> Config:
     return Config.model_validate(
-        {"cluster": {"accelerator": "cuda", "ray": True, "colocate": colocate, "gpus_per_node": 2}}
+        {
+            "model": {"dtype": "float32"},
+            "cluster": {
+                "accelerator": "cuda",
+                "ray": True,
+                "colocate": colocate,
+                "gpus_per_node": 2,
+            },
+        }
     )
 
 

@@ -20,12 +20,12 @@ def test_versions_are_read_as_major_minor(text: str, version: tuple[int, int]) -
     assert vllm_compat.parse_version(text) == version
 
 
-@pytest.mark.parametrize("version", [(0, 26), (0, 31), (0, 32)])
+@pytest.mark.parametrize("version", [(0, 26), (0, 31), (0, 32), (0, 33)])
 def test_the_versions_run_or_read_are_inside_the_window(version: tuple[int, int]) -> None:
     vllm_compat.check_supported(version)
 
 
-@pytest.mark.parametrize("version", [(0, 25), (0, 33), (1, 0)])
+@pytest.mark.parametrize("version", [(0, 25), (0, 34), (1, 0)])
 def test_a_version_outside_is_refused_in_one_line_naming_the_window(
     version: tuple[int, int],
 ) -> None:
@@ -33,7 +33,7 @@ def test_a_version_outside_is_refused_in_one_line_naming_the_window(
         vllm_compat.check_supported(version)
     text = str(refused.value)
     assert "\n" not in text and f"vLLM {version[0]}.{version[1]}" in text
-    assert ">= 0.26, < 0.33" in text
+    assert ">= 0.26, < 0.34" in text
 
 
 def test_the_gpu_extra_pins_the_same_window() -> None:

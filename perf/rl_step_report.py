@@ -105,10 +105,10 @@ def compare(plan: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m perf.rl_step_report", description=__doc__)
-    p.add_argument("--plan", required=True, help="perf.plan's JSON line, saved")
+    p.add_argument("--plan", required=True, help="the saved prediction (its 'prediction' key)")
     p.add_argument("--measured", required=True, help="perf.rl_step_gpu's JSON")
     args = p.parse_args(argv)
-    plan = json.loads(Path(args.plan).read_text().strip().splitlines()[-1])
+    plan = json.loads(Path(args.plan).read_text())["prediction"]
     rows = compare(plan, json.loads(Path(args.measured).read_text()))
     print(f"{'part':10} {'predicted s':>12} {'measured s':>11} {'meas/pred':>10}  within 20%")
     for part, r in rows.items():

@@ -41,12 +41,9 @@ from tests.conftest import REPO
 def kill_engine_core(root_pid: int, expect: int = 1, which: int = -1) -> int:
     """SIGKILL the ``which``-th of the ``expect`` engine-core processes under ``root_pid``;
     returns its pid. Fails when the count differs (the fault would land elsewhere)."""
-    import psutil
+    from tests.helpers.processes import engine_cores
 
-    cores = [
-        p for p in psutil.Process(root_pid).children(recursive=True) if "EngineCore" in p.name()
-    ]
-    assert len(cores) == expect, [p.name() for p in cores]
+    cores = engine_cores(root_pid, expect)
     cores[which].kill()
     return cores[which].pid
 

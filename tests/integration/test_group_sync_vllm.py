@@ -20,6 +20,7 @@ from rstar2.runtime.placement import RayPlacement
 from rstar2.sync.group import GroupSync
 from sandbox_pool import PoolConfig, SandboxPool
 from scheduler.core import SchedulerSettings
+from tests.helpers.processes import engine_cores
 from tests.helpers.tool_model import SCRIPTS
 from tests.helpers.vllm_setup import engine_config, tool_template
 
@@ -131,14 +132,12 @@ async def test_an_engine_actor_lost_mid_sync_is_dropped_and_the_other_gets_the_w
     import os
     import signal
 
-    import psutil
     import ray
 
     learner, engines = cluster
     sync = GroupSync(learner, engines, BUCKET)
     pid = await engines[1].actor.__ray_call__.remote(lambda _self: os.getpid())
-    cores = [p for p in psutil.Process(pid).children(recursive=True) if "EngineCore" in p.name()]
-    assert len(cores) == 1, psutil.Process(pid).children(recursive=True)
+    cores = engine_cores(pid, expect=1)
     ids = tool_template(tool_model_dir).encode_prompt([{"role": "user", "content": "1+1?"}])
     half = len(ids) // 2
     seq = TrainSequence(ids, [0] * half + [1] * (len(ids) - half), [-1.0] * len(ids), 1.0)

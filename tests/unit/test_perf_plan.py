@@ -194,15 +194,20 @@ def test_the_plan_reads_the_tp_a_cost_file_was_measured_at(tmp_path, capsys):
     new, old = tmp_path / "tp4.json", tmp_path / "old.json"
     new.write_text(json.dumps({"tensor_parallel_size": 4, "dtype": "bfloat16", "cost": constants}))
     old.write_text(json.dumps(constants))
-    assert plan.main(["--config", RECIPE_14B, "--cost", str(new)]) == 0  # the recipe: TP 4
+    # a short trace: what is checked here is the engine's step cost, not the simulated rollout
+    trace = tmp_path / "trace.jsonl"
+    rows = [{"id": f"t{i}", "prompt_tokens": 200, "turns": [{"gen_tokens": 500}]} for i in range(32)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = ["--config", RECIPE_14B, "--trace", str(trace)]
+    assert plan.main([*recipe, "--cost", str(new)]) == 0  # the recipe: TP 4
     out = capsys.readouterr().out
     assert "step cost 4.00 ms + 40.00 us/token" in _engine_line(out)  # measured at its TP
     assert "measured at TP 4 (dtype bfloat16)" in out
-    assert plan.main(["--config", RECIPE_14B, "--cost", str(old)]) == 0
+    assert plan.main([*recipe, "--cost", str(old)]) == 0
     out = capsys.readouterr().out
     assert "step cost 1.25 ms" in _engine_line(out)  # 4 GPUs at 80%
     assert "records no tensor_parallel_size" in out and "--cost-tp" in out
-    assert plan.main(["--config", RECIPE_14B, "--cost", str(old), "--cost-tp", "4"]) == 0
+    assert plan.main([*recipe, "--cost", str(old), "--cost-tp", "4"]) == 0
     assert "step cost 4.00 ms" in _engine_line(capsys.readouterr().out)
 
 

@@ -38,7 +38,13 @@ BUCKET = 1 << 20
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def local_ray():
+    import os
+
     import ray
+
+    # the fresh engine starts in this process, which has touched CUDA: vLLM's engine core
+    # must be spawned, not forked
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
 
     ray.init(include_dashboard=False, log_to_driver=False)
     yield

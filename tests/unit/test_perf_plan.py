@@ -196,7 +196,8 @@ def test_the_plan_reads_the_tp_a_cost_file_was_measured_at(tmp_path, capsys):
     old.write_text(json.dumps(constants))
     # a short trace: what is checked here is the engine's step cost, not the simulated rollout
     trace = tmp_path / "trace.jsonl"
-    rows = [{"id": f"t{i}", "prompt_tokens": 200, "turns": [{"gen_tokens": 500}]} for i in range(32)]
+    row = {"prompt_tokens": 200, "turns": [{"gen_tokens": 500}]}
+    rows = [{"id": f"t{i}", **row} for i in range(32)]
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     recipe = ["--config", RECIPE_14B, "--trace", str(trace)]
     assert plan.main([*recipe, "--cost", str(new)]) == 0  # the recipe: TP 4

@@ -62,7 +62,7 @@ async def record(
         (folder / ENGINE).write_text(json.dumps(keep, indent=1))
     checksums = [await e.weight_checksum() for e in engines]  # type: ignore[attr-defined]
     name = f"step_{learner.step:06d}"
-    learner.export_hf(folder / name)
+    await asyncio.to_thread(learner.export_hf, folder / name)  # a Ray learner blocks on it
     line = {"step": learner.step, "export": name, "checksums": checksums}
     with (folder / INDEX).open("a") as out:
         out.write(json.dumps(line) + "\n")

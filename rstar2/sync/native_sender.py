@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -53,27 +54,37 @@ def learner_weights(
 
     Guarantees of each pass: the tensors come in ``meta``'s order with its names, dtypes and
     shapes (a drift raises RuntimeError before anything mismatched is sent: both ends of the
-    packed stream split it by ``meta``); each tensor is complete on the CUDA stream that is
-    current when it is yielded and is not freed before that stream's work on it is done
-    (vLLM's packed producers pull from the source under their own side streams, and a bucket's
-    gathers ran under the stream current when its first tensor was pulled)."""
+    packed stream split it by ``meta``; a rank that yields nothing, off rank 0 without
+    ``everywhere``, is checked for that); each tensor is complete on the CUDA stream that is
+    current when it is yielded and is not freed before that stream's work on it is done (vLLM's
+    NCCL producer pulls under its own side streams, its IPC producer under the caller's; the
+    learner's gathers and casts run under whichever stream was current when they were
+    pulled)."""
     import torch
     import torch.distributed as dist
 
     from rstar2.rollout import vllm_compat
 
     entries = meta
+    rank = dist.get_rank() if dist.is_initialized() else 0
     spread = everywhere and dist.is_initialized() and dist.get_world_size() > 1
+    # what this rank yields: every tensor, or (only rank 0 holding them) nothing off rank 0
+    expected = entries if spread or rank == 0 else []
     wire = _torch_dtype(dtype)
     on_cuda = torch.device(device).type == "cuda"
 
     def bucket_tensors() -> Iterator[tuple[list[tuple[str, Any]], Any]]:
-        """Each bucket as (name, tensor) pairs on ``device`` and the event closing its work."""
-        rank = dist.get_rank() if dist.is_initialized() else 0
+        """Each bucket as (name, tensor) pairs on ``device`` and the event closing its work.
+        The learner computes ahead (a bucket's first unit is gathered and cast while the one
+        before it is pulled, on that pull's stream), so each bucket's stream first waits for
+        the event of the bucket before: the events chain every stream that did the work."""
         held: bool | None = None  # every rank holds every bucket's tensors (FSDP2)
+        before = None
         for index, bucket in enumerate(
             learner.named_weights(bucket_bytes, wire, every_rank=spread)
         ):
+            if before is not None:
+                torch.cuda.current_stream().wait_event(before)
             bucket = [(n, t.to(device, non_blocking=True)) for n, t in bucket]  # megatron: CPU
             if spread and held is None:  # decided once, by every rank alike
                 wanted = sum(1 for *_, at in entries if at == index)
@@ -95,15 +106,16 @@ def learner_weights(
             if on_cuda:
                 done = torch.cuda.Event()
                 done.record()  # on the stream current while this bucket was made
+                before = done
             yield bucket, done
 
     def checked() -> Iterator[tuple[str, Any]]:
         position = 0
         for bucket, done in bucket_tensors():
             for name, tensor in bucket:
-                if position >= len(entries):
+                if position >= len(expected):
                     raise RuntimeError(f"the learner yielded {name!r} past its weight metadata")
-                want, dtype_name, shape, _ = entries[position]
+                want, dtype_name, shape, _ = expected[position]
                 got = (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape))
                 if got != (want, dtype_name, list(shape)):
                     raise RuntimeError(
@@ -116,10 +128,10 @@ def learner_weights(
                     current.wait_event(done)
                     tensor.record_stream(current)
                 yield name, tensor
-        if position != len(entries):
+        if position != len(expected):
             raise RuntimeError(
-                f"the learner yielded {position} tensors, its weight metadata declares "
-                f"{len(entries)}"
+                f"the learner yielded {position} tensors on rank {rank}, its weight metadata "
+                f"declares {len(expected)}"
             )
 
     def params() -> list[Any]:
@@ -259,9 +271,10 @@ class _StaticIpcSender:
         from rstar2.rollout.engine import EngineDown
 
         refs = [getattr(a, method).remote(*args) for a in self.actors]
+        end = time.monotonic() + self.timeout_s  # one deadline for all of them
         for index, ref in enumerate(refs):
             try:
-                ray.get(ref, timeout=self.timeout_s)
+                ray.get(ref, timeout=max(0.0, end - time.monotonic()))
             except ray.exceptions.GetTimeoutError:
                 raise EngineDown(
                     f"engine {index} did not answer {method} in {self.timeout_s:g} s"

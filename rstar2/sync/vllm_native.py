@@ -28,7 +28,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from rstar2.rollout.dispatch import AllEnginesDown
-from rstar2.rollout.engine import EngineDown
 from rstar2.sync import SyncStats, check_bucket_bytes
 from rstar2.sync.native_sender import tensor_nbytes
 
@@ -107,7 +106,7 @@ class _NativeSync:
         async def answers(engine: RayEngine) -> bool:
             try:
                 await engine.ping()
-            except EngineDown:
+            except Exception:  # EngineDown, or the actor failing even that call
                 return False
             return True
 

@@ -43,6 +43,13 @@ def check_supported(cfg: Config) -> None:
 def check_placement_supported(cfg: Config) -> None:
     """ConfigError for a colocated or overlapped placement this machine cannot run."""
     c, staleness = cfg.cluster, cfg.rollout.max_staleness_steps
+    offload = getattr(cfg.learner, "offload_while_generating", False)
+    if cfg.learner.weight_sync_audit and offload:
+        raise ConfigError(
+            "learner.weight_sync_audit",
+            "the audit's export brings an offloaded learner back onto the GPU the engines "
+            "generate on: turn off learner.offload_while_generating to audit",
+        )
     if staleness and cfg.algorithm.recompute_old_logprobs:
         raise ConfigError(
             "rollout.max_staleness_steps",

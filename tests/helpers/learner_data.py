@@ -48,9 +48,12 @@ def weights_on_this_rank(learner: Any, bucket_bytes: int) -> dict[str, Any]:
     source = learner_weights(learner, box[0], bucket_bytes, everywhere=True, device="cpu")
     weights = {name: tensor.clone() for name, tensor in source}
     own = list(learner.named_weights(bucket_bytes, every_rank=True))
+    # what the NCCL sender is given (rank 0 sends; the others only take part in the gathers)
+    nccl = learner_weights(learner, box[0], bucket_bytes, everywhere=False, device="cpu")
     return {
         "buckets": len(list(learner.named_weights(bucket_bytes))),
         "weights": weights,
+        "nccl_names": [name for name, _ in nccl],
         # this rank's gathers left it every tensor (no broadcast from rank 0 was needed)
         "held_here": all(own),
     }

@@ -234,6 +234,10 @@ def test_train_refuses_what_this_build_cannot_run_as_configured() -> None:
     with pytest.raises(ConfigError, match=r"needs cluster\.colocate: true") as err:
         check_supported(cfg(cluster={"ray": True}, learner=offload))
     assert err.value.key == "learner.offload_while_generating"
+    audited = {**offload, "weight_sync_audit": True}  # the audit's export would reload it
+    with pytest.raises(ConfigError, match=r"turn off learner\.offload_while_generating") as err:
+        check_supported(cfg(cluster=colocated, learner=audited))
+    assert err.value.key == "learner.weight_sync_audit"
     for key, config in cases.items():
         with pytest.raises(ConfigError) as err:
             check_supported(config)

@@ -193,6 +193,8 @@ def test_fsdp2_on_two_gloo_ranks_matches_one_process(model_dir: Path, tmp_path: 
     spread = [torch.load(tmp_path / f"spread{r}.pt", weights_only=False) for r in (0, 1)]
     assert spread[0]["buckets"] == spread[1]["buckets"] > 2
     assert spread[0]["held_here"] and spread[1]["held_here"]  # FSDP2: no broadcast needed
+    # the NCCL source: rank 0 yields every tensor, rank 1 none (and its check expects none)
+    assert spread[0]["nccl_names"] == list(spread[0]["weights"]) and spread[1]["nccl_names"] == []
     for got in spread:
         assert list(got["weights"]) == list(resumed["weights"])
         assert all(torch.equal(got["weights"][k], v) for k, v in resumed["weights"].items())

@@ -40,12 +40,14 @@ def engine_cost(
     """One engine's step cost over ``tp`` GPUs: a model measured at ``measured_tp`` GPUs,
     scaled by the speed-up of ``tp`` over ``measured_tp`` (``tp x --tp-efficiency`` over
     one GPU each), or the datasheet's single-GPU model at ``nbytes`` per weight and KV element
-    scaled from one GPU."""
+    scaled from one GPU, plus ``--engine-step-overhead-s`` (the engine's scheduling and
+    sampling on the host, which no datasheet has and a TP split does not shorten)."""
     eff = required(a, "tp_efficiency")
 
     def speedup(n: int) -> float:
         return n * eff if n > 1 else 1.0
 
+    host = 0.0  # a measured cost includes the engine's host-side time per step already
     if measured is not None:
         base = measured
         scale = speedup(measured_tp) / speedup(tp)
@@ -64,9 +66,10 @@ def engine_cost(
             per_kv_token_s=_kv_bytes_per_token(shape, nbytes) / hbm,
         )
         scale = 1 / speedup(tp)
+        host = required(a, "engine_step_overhead_s")  # not divided over the TP ranks
     return replace(
         base,
-        step_base_s=base.step_base_s * scale,
+        step_base_s=base.step_base_s * scale + host,
         per_token_s=base.per_token_s * scale,
         per_kv_token_s=base.per_kv_token_s * scale,
         per_decode_token_s=None

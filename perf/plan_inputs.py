@@ -15,8 +15,11 @@ from perf.shapes import QWEN2_5_14B, DecoderShape
 SHAPES = {
     "Qwen/Qwen3-14B": DecoderShape(5120, 17408, 40, 40, 8, 128, 151936),
     "Qwen/Qwen3-8B": DecoderShape(4096, 12288, 36, 32, 8, 128, 151936),
-    "Qwen/Qwen3-1.7B": DecoderShape(2048, 6144, 28, 16, 8, 128, 151936),
-    "Qwen/Qwen3-0.6B": DecoderShape(1024, 3072, 28, 16, 8, 128, 151936),
+    "Qwen/Qwen3-1.7B": DecoderShape(2048, 6144, 28, 16, 8, 128, 151936, tied=True),
+    "Qwen/Qwen3-0.6B": DecoderShape(1024, 3072, 28, 16, 8, 128, 151936, tied=True),
+    "Qwen/Qwen2.5-1.5B": DecoderShape(
+        1536, 8960, 28, 12, 2, 128, 151936, tied=True, family="qwen2"
+    ),
     "Qwen/Qwen2.5-14B": QWEN2_5_14B,
 }
 
@@ -87,6 +90,12 @@ DEFAULTS: dict[str, tuple[float | None, str, str]] = {
         "frac",
         f"KV and weight reads, share of HBM peak on one H200 (step_cost in {H200_RESULTS})",
     ),
+    "engine_step_overhead_s": (
+        0.0,
+        "s",
+        "the engine's host-side scheduling and sampling per step, on top of the datasheet "
+        "model (0: left out); ~0.0006 s fitted to vLLM 0.26 on one H100 by perf.rl_step_fit",
+    ),
     "tp_efficiency": (
         0.8,
         "frac",
@@ -123,10 +132,30 @@ DEFAULTS: dict[str, tuple[float | None, str, str]] = {
         "frac",
         f"megatron learner, Qwen3-1.7B shape, one H200 ({H200_RESULTS}); assumed at 14B",
     ),
+    "learner_layer_overhead_s": (
+        0.0,
+        "s",
+        "per layer per micro-batch, on top of the FLOPs at --learner-mfu (kernel launches, "
+        "norms, the framework's host time; 0: the MFU absorbs them); fitted with "
+        "--learner-mfu by perf.rl_step_fit (one H100: ~0.0044 s at MFU ~0.69)",
+    ),
     "learner_tokens_per_s": (
         None,
         "tok/s",
         "the whole learner's training tokens/s; unset: FLOPs at --learner-mfu of the peak",
+    ),
+    "ipc_gb_per_s": (
+        None,
+        "GB/s",
+        "the colocated weight transfer through vLLM's packed sender and receiver (unset: "
+        "--ipc-share-of-copy of a device copy, the shared-handle transport); ~3.5 on one H100 "
+        "with vLLM 0.26 by perf.rl_step_fit",
+    ),
+    "ipc_layer_s": (
+        0.0,
+        "s",
+        "per decoder layer per sync, on top of the bytes (the receiver's per-tensor work); "
+        "~0.011 on one H100 with vLLM 0.26 by perf.rl_step_fit",
     ),
     "ipc_share_of_copy": (
         0.87,
@@ -138,7 +167,12 @@ DEFAULTS: dict[str, tuple[float | None, str, str]] = {
         "frac",
         "H200: a 2.1 TB/s device copy of its 4.8 TB/s HBM (each byte read and written)",
     ),
-    "wake_s": (5.0, "s", "assumed: vLLM wake from sleep level 2 (weights + KV cache) per step"),
+    "wake_s": (
+        0.3,
+        "s",
+        "vLLM's sleep (level 2), both wake-ups and the learner's cache release per step: "
+        "0.18-0.28 s on one H100 with vLLM 0.26 (perf/results/rl-step; 5 s was assumed before)",
+    ),
 }
 
 

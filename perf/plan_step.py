@@ -4,6 +4,7 @@ steps' breakdowns (:mod:`perf.plan` runs it; :mod:`perf.plan_report` prints it).
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -107,20 +108,32 @@ def _learner_s(
     if peak is None or gpus == 0:
         return None
     flops = shape.train_flops_per_token(mean) * tokens * recompute
-    return flops / (gpus * peak * 1e12 * required(a, "learner_mfu"))
+    compute = flops / (gpus * peak * 1e12 * required(a, "learner_mfu"))
+    per_layer = required(a, "learner_layer_overhead_s")
+    if not per_layer:
+        return compute
+    # sequences of the mean length packed whole into each GPU's micro-batches
+    per_micro = max(1, int(cfg.learner.micro_batch_tokens_per_gpu // mean))
+    micro_batches = math.ceil(tokens / mean / per_micro / gpus)
+    return compute + micro_batches * shape.layers * per_layer * recompute
 
 
 def _sync_s(cfg: Any, a: dict[str, Assumption], shape: DecoderShape) -> float | None:
-    """The learner's weights into every engine GPU (CUDA-IPC) plus the engines' wake-up; not
-    modelled on CPU (file buckets through /dev/shm)."""
+    """The learner's weights into every engine GPU (CUDA-IPC) plus the engines' sleep and
+    wake-up; not modelled on CPU (file buckets through /dev/shm). The transfer runs at
+    ``--ipc-gb-per-s`` plus ``--ipc-layer-s`` per layer where given (vLLM's own receiver),
+    else at ``--ipc-share-of-copy`` of a device copy."""
     hbm = a["hbm_tb_per_s"].value
     if cfg.cluster.accelerator == "cpu" or hbm is None:
         return None
-    copy_bw = (
-        hbm * 1e12 * required(a, "device_copy_share_of_hbm") * required(a, "ipc_share_of_copy")
-    )
+    rate = a["ipc_gb_per_s"].value
+    if rate is not None:
+        bw = rate * 1e9
+    else:
+        bw = hbm * 1e12 * required(a, "device_copy_share_of_hbm") * required(a, "ipc_share_of_copy")
     tp = cfg.rollout.tensor_parallel_size
-    return shape.weight_bytes(dtype_bytes(cfg)) / tp / copy_bw + required(a, "wake_s")
+    per_layer = shape.layers * required(a, "ipc_layer_s")
+    return shape.weight_bytes(dtype_bytes(cfg)) / tp / bw + per_layer + required(a, "wake_s")
 
 
 def mean_breakdown(parts: list[Breakdown]) -> Breakdown:

@@ -102,7 +102,7 @@ def device_copy_gb_per_s() -> float:
 def build_model(shape_name: str, folder: Path) -> None:
     """Random bf16 weights of a known shape and a 1K-token tokenizer in ``folder``."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     from perf.plan_inputs import SHAPES
     from rstar2.tiny import build_tokenizer
@@ -114,17 +114,22 @@ def build_model(shape_name: str, folder: Path) -> None:
         num_hidden_layers=s.layers,
         num_attention_heads=s.heads,
         num_key_value_heads=s.kv_heads,
-        head_dim=s.head_dim,
         vocab_size=s.vocab,
-        tie_word_embeddings=s.hidden <= 2560,  # as Qwen3-0.6B..4B publish it
+        tie_word_embeddings=s.tied,
         max_position_embeddings=40960,
         rope_theta=1000000.0,
         dtype="bfloat16",
     )
-    config = Qwen3Config(**fields)
+    config: Any
+    arch: Any
+    if s.family == "qwen2":  # head_dim is hidden / heads; q/k/v biases, no q/k norms
+        assert s.head_dim * s.heads == s.hidden, s
+        config, arch = Qwen2Config(**fields), Qwen2ForCausalLM
+    else:
+        config, arch = Qwen3Config(**{**fields, "head_dim": s.head_dim}), Qwen3ForCausalLM
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model: Any = Qwen3ForCausalLM(config)
+        model: Any = arch(config)
     model = model.to(dtype=torch.bfloat16)
     model.save_pretrained(folder)
     del model

@@ -59,6 +59,8 @@ class DecoderShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    tied: bool = False  # the LM head is the input embedding (one matrix in memory and on the wire)
+    family: str = "qwen3"  # the transformers architecture benchmarks build (qwen3, qwen2)
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> DecoderShape:
@@ -75,6 +77,8 @@ class DecoderShape:
             int(config.get("num_key_value_heads") or heads),
             int(head_dim),
             int(config["vocab_size"]),
+            bool(config.get("tie_word_embeddings", False)),
+            str(config.get("model_type") or "qwen3"),
         )
 
     @property
@@ -96,8 +100,9 @@ class DecoderShape:
 
     @property
     def weight_params(self) -> int:
-        """Every weight, untied input embeddings included (norms left out: a rounding error)."""
-        return self.matmul_params + self.vocab * self.hidden
+        """Every weight, the input embedding included unless tied to the LM head (norms and
+        biases left out: a rounding error)."""
+        return self.matmul_params + (0 if self.tied else self.vocab * self.hidden)
 
     def train_flops_per_token(self, context: float) -> float:
         """6 x matmul parameters + causal attention at mean ``context`` (as perf/learner.py)."""

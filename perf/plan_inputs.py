@@ -145,22 +145,23 @@ DEFAULTS: dict[str, tuple[float | None, str, str]] = {
         "the whole learner's training tokens/s; unset: FLOPs at --learner-mfu of the peak",
     ),
     "ipc_gb_per_s": (
-        None,
+        3.5,
         "GB/s",
-        "the colocated weight transfer through vLLM's packed sender and receiver (unset: "
-        "--ipc-share-of-copy of a device copy, the shared-handle transport); ~3.5 on one H100 "
-        "with vLLM 0.26 by perf.rl_step_fit",
+        "the colocated weight transfer through vLLM's packed sender and receiver (what "
+        "IpcSync uses): 3.49 fitted on one H100 with vLLM 0.26 by perf.rl_step_fit "
+        "(perf/results/rl-step); 0: --ipc-share-of-copy of a device copy",
     ),
     "ipc_layer_s": (
-        0.0,
+        0.011,
         "s",
-        "per decoder layer per sync, on top of the bytes (the receiver's per-tensor work); "
-        "~0.011 on one H100 with vLLM 0.26 by perf.rl_step_fit",
+        "per decoder layer per sync, on top of the bytes (the receiver's per-tensor work): "
+        "0.0108 fitted on one H100 with vLLM 0.26 by perf.rl_step_fit (perf/results/rl-step)",
     ),
     "ipc_share_of_copy": (
         0.87,
         "frac",
-        f"CUDA-IPC weight transfer / device copy, one H200 ({H200_RESULTS})",
+        f"with --ipc-gb-per-s 0: the shared-handle CUDA-IPC transport / a device copy, "
+        f"one H200 ({H200_RESULTS})",
     ),
     "device_copy_share_of_hbm": (
         0.44,

@@ -121,13 +121,13 @@ def _learner_s(
 def _sync_s(cfg: Any, a: dict[str, Assumption], shape: DecoderShape) -> float | None:
     """The learner's weights into every engine GPU (CUDA-IPC) plus the engines' sleep and
     wake-up; not modelled on CPU (file buckets through /dev/shm). The transfer runs at
-    ``--ipc-gb-per-s`` plus ``--ipc-layer-s`` per layer where given (vLLM's own receiver),
-    else at ``--ipc-share-of-copy`` of a device copy."""
+    ``--ipc-gb-per-s`` plus ``--ipc-layer-s`` per layer (vLLM's own receiver), or with
+    ``--ipc-gb-per-s 0`` at ``--ipc-share-of-copy`` of a device copy."""
     hbm = a["hbm_tb_per_s"].value
     if cfg.cluster.accelerator == "cpu" or hbm is None:
         return None
     rate = a["ipc_gb_per_s"].value
-    if rate is not None:
+    if rate:
         bw = rate * 1e9
     else:
         bw = hbm * 1e12 * required(a, "device_copy_share_of_hbm") * required(a, "ipc_share_of_copy")

@@ -218,10 +218,10 @@ def test_weight_and_kv_bytes_follow_the_model_dtype():
     fp32 = cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": "float32"})})
     a = plan_inputs.assumptions(_args(), "rocm")
     shape = plan_inputs.SHAPES["Qwen/Qwen3-14B"]
-    wake = a["wake_s"].value
+    fixed = a["wake_s"].value + shape.layers * a["ipc_layer_s"].value  # not bytes
     bf16_sync, fp32_sync = plan_step._sync_s(cfg, a, shape), plan_step._sync_s(fp32, a, shape)
     assert bf16_sync is not None and fp32_sync is not None
-    assert fp32_sync - wake == pytest.approx(2 * (bf16_sync - wake))
+    assert fp32_sync - fixed == pytest.approx(2 * (bf16_sync - fixed))
     # fp32: twice the weights per GPU and twice the bytes per KV token
     per_gpu = a["gpu_memory_gb"].value * 1e9 * cfg.rollout.gpu_memory_utilization - 15e9
     tp = cfg.rollout.tensor_parallel_size

@@ -26,12 +26,13 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # "gw0", "gw1", ...
 # `--dist loadfile --no-loadscope-reorder` hands whole modules to the pytest-xdist workers in
 # collection order, so these go first: a long module handed out last would run alone at the end.
 LONGEST_FIRST = (
-    "test_trainer_vllm.py",  # builds the shared tool model first ...
-    "test_toy_ahead.py",  # ... while the other worker runs this, which does not need it
+    "test_trainer_faults.py",  # builds the shared tool model and reference run first ...
+    "test_toy_ahead.py",  # ... while the other worker runs this, which needs neither
     "test_agent_vllm.py",
-    "test_engine_failover.py",
-    "test_ray_engine.py",
+    "test_trainer_ray.py",
     "test_learner_megatron.py",
+    "test_engine_failover.py",
+    "test_group_sync_vllm.py",
 )
 
 

@@ -14,7 +14,10 @@ real signals, nothing mocked of the part that fails.
   fault mid-load);
 - :func:`train_until_failpoint`: ``rstar2 train`` SIGKILLed by itself at a named point
   (:mod:`rstar2.failpoints`: during rollout, during the learner step, mid checkpoint write);
-- :func:`small_tmpfs`: a real tmpfs of a few MiB, to fill a disk.
+- :func:`small_tmpfs`: a real tmpfs of a few MiB, to fill a disk;
+- :func:`train_into_step_2`, :func:`sigterm_group`, :func:`kill_if_running`,
+  :func:`wait_until_group_is_gone`, :func:`wait_until_gone`: a ``rstar2 train`` stopped
+  mid-step as Slurm and systemd stop one, and the checks that it left no process behind.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -212,3 +215,77 @@ def small_tmpfs(mount: Path, size_mib: int = 3) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def train_into_step_2(config_file: Path, run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    """``rstar2 train`` in its own session (pipes captured), returned once step 1 is logged
+    and step 2 is under way (or the run ended, or 400 s passed)."""
+    cmd = [sys.executable, "-m", "rstar2.cli", "train", "--config", str(config_file)]
+    proc = subprocess.Popen(
+        [*cmd, *args, "--run-dir", str(run_dir)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 400
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if metrics.is_file() and '"reward_mean"' in metrics.read_text():
+                break
+            time.sleep(0.05)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return proc
+
+
+def sigterm_group(proc: subprocess.Popen[str], label: str) -> tuple[str, str]:
+    """SIGTERM ``proc``'s whole process group (as Slurm and systemd stop a run); its output
+    once it exited, and the time that took printed after ``label``."""
+    stopping = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)  # a hang, not a slow stop on a loaded machine
+    print(f"\n{label}: {time.monotonic() - stopping:.1f} s")
+    return out, err
+
+
+def kill_if_running(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_until_group_is_gone(pgid: int, timeout_s: float = 60) -> None:
+    """Every process of the run's session has exited (engines, zygotes, reward workers)."""
+    deadline = time.monotonic() + timeout_s  # generous: a loaded machine reaps slowly
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    left = subprocess.run(["ps", "-o", "pid,args", "-g", str(pgid)], capture_output=True, text=True)
+    raise AssertionError(f"processes left behind:\n{left.stdout}")
+
+
+def wait_until_gone(match: Callable[[Any], bool], what: str, timeout_s: float = 60) -> None:
+    """No process ``match`` accepts is left (Ray's own processes live in groups of their
+    own; a loaded machine reaps slowly)."""
+    import psutil
+
+    def left() -> list[str]:
+        found = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if match(p):
+                    found.append(" ".join(p.cmdline())[:200])
+        return found
+
+    deadline = time.monotonic() + timeout_s
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left(), f"processes of {what} left behind: {left()}"

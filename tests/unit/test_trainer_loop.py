@@ -19,6 +19,7 @@ from rstar2.runtime import Runtime
 from rstar2.trainer import state as st
 from rstar2.trainer.loop import Trainer
 from tests.helpers.hf_placement import HFPlacement
+from tests.helpers.train_config import tool_train_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 # wall clock; the scheduler's figures (KV use sampled by a poller) depend on timing too
@@ -26,47 +27,29 @@ _TIMING = ("time_", "tokens_per_s", "gen_tokens_per_s", "sync/gb_per_s", "sched/
 
 
 def _config(tool_model_dir: Path, data: Path, **eval_cfg: Any) -> Config:
+    """The trainer tests' run of the tool model (tests/helpers/train_config.py) in two stages,
+    with a checkpoint every step and 200-token answers, on the in-process HF engine."""
+    answers = {"max_response_tokens": 200, "max_turns": 3}
     return Config.model_validate(
-        {
-            "seed": 3,
-            "model": {"path": str(tool_model_dir), "dtype": "float32"},
-            "data": {
-                "train_datasets": [str(data)],
-                "eval_datasets": [str(data)],
-                "rollout_batch_num_prompts": 2,
-                "max_prompt_tokens": 1024,
-                "decontaminate": False,
-            },
-            "rollout": {"num_samples_per_prompt": 4, "temperature": 1.2},
-            "sandbox": {"num_workers": 1, "unsafe_weak_isolation": True},
-            "agent": {"tool_response_execution_time": False},
-            "reward": {"num_workers": 1},
-            "augmentation": {
-                "down_sampling_config": {
-                    "down_sample_to_n": 2,
-                    "min_zero_reward_trace_num": 1,
-                    "min_non_zero_reward_trace_num": 1,
-                }
-            },
-            "optim": {"lr": 1e-4, "warmup_steps": 1},
-            "learner": {"micro_batch_tokens_per_gpu": 2048, "activation_checkpointing": False},
-            "stages": [
-                {"name": "s1", "num_steps": 2, "max_response_tokens": 200, "max_turns": 3},
+        tool_train_config(
+            tool_model_dir,
+            data,
+            sandbox={"num_workers": 1, "unsafe_weak_isolation": True},
+            stages=[
+                {"name": "s1", "num_steps": 2, **answers},
                 {
                     "name": "s2",
                     "num_steps": 1,
-                    "max_response_tokens": 200,
-                    "max_turns": 3,
+                    **answers,
                     "data_filter": "hard_subset",
                     "hard_subset_num_samples": 2,
                     "reset_optimizer": True,
                 },
             ],
-            "eval": {"num_samples": 1, "max_response_tokens": 200, "max_turns": 3, **eval_cfg},
-            "checkpoint": {"every_steps": 1, "keep_last": 5},
-            "scheduler": {"split_turns": False},
-            "cluster": {"accelerator": "cpu", "gpus_per_node": 0},
-        }
+            eval={"num_samples": 1, **answers, **eval_cfg},
+            checkpoint={"every_steps": 1, "keep_last": 5},
+            scheduler={"split_turns": False},
+        )
     )
 
 

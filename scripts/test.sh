@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # README command 2: install rstar2 with its dev tools, then lint, type-check and run the gate:
-# every test but the `full` tier, and the benchmarks once as a smoke test. The gate runs in one
-# process (CI), or with RSTAR2_TEST_WORKERS=N > 1 on N pytest-xdist workers, one module per
-# worker at a time, then the `serial` tests alone.
+# every test but the `full` tier, and the benchmarks once as a smoke test. The gate runs on
+# RSTAR2_TEST_WORKERS pytest-xdist workers (default 2: CI's two cores), one module per worker at
+# a time, the longest first, then the `serial` tests alone; RSTAR2_TEST_WORKERS=1: one process.
 #   bash scripts/test.sh --full   the `full` tier (the Slurm cluster, the image build), which
 #                                 records what it covered in tests/full_tier.hashes on a pass
 #   bash scripts/test.sh ARGS     plain `pytest ARGS`
@@ -26,8 +26,8 @@ if [[ $# -gt 0 ]]; then
   exec pytest -q "$@"
 fi
 : >"$RSTAR2_DURATIONS_FILE"
-if [[ "${RSTAR2_TEST_WORKERS:-1}" -gt 1 ]]; then
-  pytest -q --durations=25 -n "$RSTAR2_TEST_WORKERS" --dist loadfile --no-loadscope-reorder \
+if [[ "${RSTAR2_TEST_WORKERS:-2}" -gt 1 ]]; then
+  pytest -q --durations=25 -n "${RSTAR2_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
     -m "not serial and not full" --junitxml="$results/junit-parallel.xml"
   pytest -q --durations=25 -m "serial and not full" --junitxml="$results/junit-serial.xml"
 else

@@ -52,6 +52,18 @@ def step_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [r for r in metrics(run_dir) if "reward_mean" in r]
 
 
+def assert_same_steps(got: list[dict[str, Any]], ref: list[dict[str, Any]], rel: float) -> None:
+    """The same metric lines: every float within ``rel``, everything else equal."""
+    assert [r["step"] for r in got] == [r["step"] for r in ref]
+    for mine, theirs in zip(got, ref, strict=True):
+        assert sorted(mine) == sorted(theirs)
+        for key, value in theirs.items():
+            if isinstance(value, float):
+                assert mine[key] == pytest.approx(value, rel=rel, abs=1e-6), (theirs["step"], key)
+            else:
+                assert mine[key] == value, (theirs["step"], key)
+
+
 def reference_config(model_dir: Path, root: Path) -> dict[str, Any]:
     data = write_problems(root / "problems.jsonl")
     return tool_train_config(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 import pytest
 import yaml
@@ -20,7 +19,7 @@ from tests.faults import (
     wait_until_gone,
     wait_until_group_is_gone,
 )
-from tests.helpers.reference_run import ReferenceRun, metrics
+from tests.helpers.reference_run import ReferenceRun, assert_same_steps, metrics
 
 pytestmark = pytest.mark.timeout(900)
 MEGATRON_SITE = REPO / "tests" / "helpers" / "megatron_site"
@@ -62,18 +61,6 @@ def test_learner_engines_and_sandbox_in_ray_actors_stop_on_sigterm_and_give_the_
     assert ray_steps == full[:2]
 
 
-def _assert_same_steps(got: list[dict[str, Any]], ref: list[dict[str, Any]], rel: float) -> None:
-    """The same metric lines: every float within ``rel``, everything else equal."""
-    assert [r["step"] for r in got] == [r["step"] for r in ref]
-    for mine, theirs in zip(got, ref, strict=True):
-        assert sorted(mine) == sorted(theirs)
-        for key, value in theirs.items():
-            if isinstance(value, float):
-                assert mine[key] == pytest.approx(value, rel=rel, abs=1e-6), (theirs["step"], key)
-            else:
-                assert mine[key] == value, (theirs["step"], key)
-
-
 @pytest.mark.parametrize(
     ("backend", "overrides"),
     [
@@ -99,4 +86,4 @@ def test_a_two_rank_ray_learner_group_replays_the_single_process_updates(
     assert "learner: 2 ranks in Ray actors on cpu" in res.stdout
     full = [r for r in metrics(reference_run.run_dir) if "reward_mean" in r]
     replay = [r for r in metrics(run_dir) if "reward_mean" in r]
-    _assert_same_steps(replay, full, rel=1e-4)
+    assert_same_steps(replay, full, rel=1e-4)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, run_cli
-from tests.helpers.reference_run import ReferenceRun, metrics
+from tests.helpers.reference_run import ReferenceRun, assert_same_steps, metrics
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -97,18 +97,6 @@ def test_resume_of_a_folder_without_a_run_is_a_user_error(tmp_path: Path) -> Non
 MEGATRON_SITE = REPO / "tests" / "helpers" / "megatron_site"
 
 
-def _assert_same_steps(got: list[dict[str, Any]], ref: list[dict[str, Any]], rel: float) -> None:
-    """The same metric lines: every float within ``rel``, everything else equal."""
-    assert [r["step"] for r in got] == [r["step"] for r in ref]
-    for mine, theirs in zip(got, ref, strict=True):
-        assert sorted(mine) == sorted(theirs)
-        for key, value in theirs.items():
-            if isinstance(value, float):
-                assert mine[key] == pytest.approx(value, rel=rel, abs=1e-6), (theirs["step"], key)
-            else:
-                assert mine[key] == value, (theirs["step"], key)
-
-
 def test_the_megatron_backend_replays_the_torch_backends_updates(
     reference_run: ReferenceRun,
 ) -> None:
@@ -129,7 +117,7 @@ def test_the_megatron_backend_replays_the_torch_backends_updates(
         f"actor/{k}" for k in ("pg_loss", "grad_norm", "clip_frac_low", "clip_frac_high")
     }
     assert sum(learner_keys <= set(r) for r in full) >= 3  # steps that updated the policy
-    _assert_same_steps(replay, full, rel=1e-4)
+    assert_same_steps(replay, full, rel=1e-4)
     assert list(run_dir.glob("checkpoints/step_*/learner/dist/metadata.json"))
     # the exported model stops where the torch backend's does (engines read its eos ids)
     generation = [

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--measured: two steps at least (each fit has two terms)")
     steps = [Measured.load(path, None) for path in args.measured]
     a = assumptions(args, steps[0].cfg.cluster.accelerator)
-    fitted = fit(steps, a)
+    try:
+        fitted = fit(steps, a)
+    except ValueError as e:
+        print(f"rl_step_fit: {e}; give steps of different shapes or batches", file=sys.stderr)
+        return 2
     print(" ".join(f"--{k.replace('_', '-')} {v:.4g}" for k, v in fitted.items()))
     check = _with(a, **fitted)
     for m, path in zip(steps, args.measured, strict=True):

@@ -80,6 +80,15 @@ def test_one_step_is_not_enough_to_fit(tmp_path: Path) -> None:
     assert exc.value.code == 2
 
 
+def test_the_same_step_twice_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one = _measured(tmp_path, CONFIGS[0])
+    assert rl_step_fit.main(["--measured", one, "--measured", one, *H100]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "do not tell the two terms apart" in err[0], err
+
+
 def test_a_tied_shape_counts_its_embedding_once() -> None:
     tied = plan_inputs.SHAPES["Qwen/Qwen3-1.7B"]
     untied = plan_inputs.SHAPES["Qwen/Qwen3-8B"]

@@ -93,7 +93,9 @@ def test_sft_run_learns_the_conversations(base_model: Path, tmp_path: Path) -> N
     cfg_path = tmp_path / "sft.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
     run_dir = tmp_path / "run"
-    proc = run_cli("sft", "--config", str(cfg_path), "--run-dir", str(run_dir), "--quiet")
+    proc = run_cli(
+        "sft", "--config", str(cfg_path), "--run-dir", str(run_dir), "--quiet", timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 20 and metrics[-1]["step"] == 20

@@ -5,7 +5,11 @@ a short story ("A crate holds 47 jars. How many jars are in 86 crates?"), or bot
 the sum of two 2-digit numbers. A tiny model cannot multiply in its head, so a correct answer
 takes a tool call per result whose code copies the operands with the right operation (the
 product-and-sum problems make two calls in one turn), then copying the printed results into
-``\\boxed{}``. The SFT tool responses end with an execution time drawn from 0.00-0.03 s, as
+``\\boxed{}``. A share of the SFT conversations (``no_tool_share``, 40% by default) answers
+at once without the tool, as a model that guesses would: the tiny model learns the copying from
+the others, and the choice of the first token (answer now, or call the tool) at about that share.
+The guesses are almost always wrong, so RL has a clear, seed-robust thing to learn (call the
+tool), whatever the SFT's end point for copying. The SFT tool responses end with an execution time drawn from 0.00-0.03 s, as
 the sandbox reports: without that line the tiny model learned to copy the printed result far
 worse (SFT NLL 0.19 instead of 0.04 after one epoch, ~0% held-out accuracy).
 
@@ -93,18 +97,31 @@ SYSTEM_PROMPT = (
 )
 
 
+NO_TOOL_SHARE = 0.4
+
+
 def write_toy_data(
-    out_dir: Path, *, num_sft: int, num_train: int, num_heldout: int, seed: int = 0
+    out_dir: Path,
+    *,
+    num_sft: int,
+    num_train: int,
+    num_heldout: int,
+    seed: int = 0,
+    no_tool_share: float = NO_TOOL_SHARE,
 ) -> dict[str, Path]:
-    """``sft.jsonl`` (conversations), ``train.jsonl`` and ``heldout.jsonl`` (rStar2 rows):
-    three disjoint problem sets. Returns the paths by name."""
+    """``sft.jsonl`` (conversations, ``no_tool_share`` of them answered without the tool),
+    ``train.jsonl`` and ``heldout.jsonl`` (rStar2 rows): three disjoint problem sets. Returns the
+    paths by name."""
     out_dir.mkdir(parents=True, exist_ok=True)
     heldout = make_rows(num_heldout, split="test", seed=seed)
     seen = [r["prompt"][0]["content"] for r in heldout]
     pool = make_rows(num_sft + num_train, split="train", seed=seed, exclude=seen)
     rng = random.Random(f"{ORIGIN}:sft:{seed}")
     files = {
-        "sft": (out_dir / "sft.jsonl", [sft_conversation(r, rng) for r in pool[:num_sft]]),
+        "sft": (
+            out_dir / "sft.jsonl",
+            [sft_conversation(r, rng, rng.random() >= no_tool_share) for r in pool[:num_sft]],
+        ),
         "train": (out_dir / "train.jsonl", pool[num_sft:]),
         "heldout": (out_dir / "heldout.jsonl", heldout),
     }
@@ -118,24 +135,31 @@ def tool_call_text(code: str, tool_name: str = DEFAULT_TOOL_NAME) -> str:
     return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
 
-def sft_conversation(row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+def sft_conversation(
+    row: dict[str, Any], rng: random.Random, use_tool: bool = True
+) -> dict[str, Any]:
     """The solving conversation of ``row``: one tool call per expression (all in one turn), their
-    responses as the agent loop renders them, the boxed answer."""
+    responses as the agent loop renders them, the boxed answer; without ``use_tool``, the boxed
+    answer at once (the closing turn of the tool conversation, alone)."""
     exprs = [str(e) for e in row["extra_info"]["expressions"]]
     answer = str(row["reward_model"]["ground_truth"])
+    boxed = f"<answer>\\boxed{{{answer}}}</answer>"
+    user = {"role": "user", "content": row["prompt"][0]["content"]}
+    final = {"role": "assistant", "content": f"The result is {answer}.</reason>\n" + boxed}
+    if not use_tool:
+        return {"messages": [user, final]}
     values = answer.split(", ")
     calls = "\n".join(tool_call_text(f"print({e})") for e in exprs)
     tools = [
         {"role": "tool", "content": truncate(_response(value, rng), 256, "middle")}
         for value in values
     ]
-    boxed = f"<answer>\\boxed{{{answer}}}</answer>"
     return {
         "messages": [
-            {"role": "user", "content": row["prompt"][0]["content"]},
+            user,
             {"role": "assistant", "content": f"I will compute {' and '.join(exprs)}.\n" + calls},
             *tools,
-            {"role": "assistant", "content": f"The result is {answer}.</reason>\n" + boxed},
+            final,
         ]
     }
 

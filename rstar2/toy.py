@@ -6,12 +6,13 @@ the sum of two 2-digit numbers. A tiny model cannot multiply in its head, so a c
 takes a tool call per result whose code copies the operands with the right operation (the
 product-and-sum problems make two calls in one turn), then copying the printed results into
 ``\\boxed{}``. A share of the SFT conversations (``no_tool_share``, 40% by default) answers
-at once without the tool, as a model that guesses would: the tiny model learns the copying from
-the others, and the choice of the first token (answer now, or call the tool) at about that share.
-The guesses are almost always wrong, so RL has a clear, seed-robust thing to learn (call the
-tool), whatever the SFT's end point for copying. The SFT tool responses end with an execution time drawn from 0.00-0.03 s, as
-the sandbox reports: without that line the tiny model learned to copy the printed result far
-worse (SFT NLL 0.19 instead of 0.04 after one epoch, ~0% held-out accuracy).
+at once without the tool, as a lazy model would: it boxes the problem's first number, which is
+never the answer. The tiny model learns the copying from both kinds, and the first token's choice
+(answer now, or call the tool) at about that share, so RL has a clear, seed-robust thing to learn
+(call the tool), whatever the SFT's end point for copying. The SFT tool responses end with an
+execution time drawn from 0.00-0.03 s, as the sandbox reports: without that line the tiny model
+learned to copy the printed result far worse (SFT NLL 0.19 instead of 0.04 after one epoch,
+~0% held-out accuracy).
 
 :func:`make_rows` gives rStar2 prompt rows (train and held-out splits never share a problem),
 :func:`sft_conversation` the tool-call conversation that solves one row, in the shape
@@ -139,15 +140,14 @@ def sft_conversation(
     row: dict[str, Any], rng: random.Random, use_tool: bool = True
 ) -> dict[str, Any]:
     """The solving conversation of ``row``: one tool call per expression (all in one turn), their
-    responses as the agent loop renders them, the boxed answer; without ``use_tool``, the boxed
-    answer at once (the closing turn of the tool conversation, alone)."""
+    responses as the agent loop renders them, the boxed answer; without ``use_tool``, a wrong
+    answer at once: the problem's first number, in the tool conversation's closing turn."""
     exprs = [str(e) for e in row["extra_info"]["expressions"]]
     answer = str(row["reward_model"]["ground_truth"])
-    boxed = f"<answer>\\boxed{{{answer}}}</answer>"
     user = {"role": "user", "content": row["prompt"][0]["content"]}
-    final = {"role": "assistant", "content": f"The result is {answer}.</reason>\n" + boxed}
-    if not use_tool:
-        return {"messages": [user, final]}
+    if not use_tool:  # the problem's first number: every problem takes two numbers or more
+        guess = exprs[0].split("*")[0].split("+")[0]
+        return {"messages": [user, _final_turn(guess)]}
     values = answer.split(", ")
     calls = "\n".join(tool_call_text(f"print({e})") for e in exprs)
     tools = [
@@ -159,9 +159,14 @@ def sft_conversation(
             user,
             {"role": "assistant", "content": f"I will compute {' and '.join(exprs)}.\n" + calls},
             *tools,
-            final,
+            _final_turn(answer),
         ]
     }
+
+
+def _final_turn(answer: str) -> dict[str, str]:
+    boxed = f"<answer>\\boxed{{{answer}}}</answer>"
+    return {"role": "assistant", "content": f"The result is {answer}.</reason>\n" + boxed}
 
 
 def _response(value: str, rng: random.Random) -> str:

@@ -82,11 +82,6 @@ def _build_parser() -> argparse.ArgumentParser:
     toy.add_argument("--num-train", type=_positive_int, default=2000, help="RL problems")
     toy.add_argument("--num-heldout", type=_positive_int, default=100, help="held-out problems")
     toy.add_argument("--seed", type=int, default=0)
-    toy.add_argument(
-        "--no-tool-share",
-        type=_share,
-        help="share of the SFT conversations that answer without the tool (default 0.4)",
-    )
     toy.set_defaults(handler=_cmd_data_toy)
 
     cfg = sub.add_parser("config", help="print the resolved config as JSON")
@@ -212,16 +207,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("must be a number from 0 to 1") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError("must be at least 0 and below 1")
-    return value
-
-
 def _cmd_data_list(args: argparse.Namespace) -> int:
     from rstar2.data import BUILTIN_DATASETS
 
@@ -252,7 +237,6 @@ def _cmd_data_toy(args: argparse.Namespace) -> int:
         num_train=args.num_train,
         num_heldout=args.num_heldout,
         seed=args.seed,
-        **({} if args.no_tool_share is None else {"no_tool_share": args.no_tool_share}),
     )
     for name, path in paths.items():
         print(f"{name}: {path}")

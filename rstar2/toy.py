@@ -5,14 +5,9 @@ a short story ("A crate holds 47 jars. How many jars are in 86 crates?"), or bot
 the sum of two 2-digit numbers. A tiny model cannot multiply in its head, so a correct answer
 takes a tool call per result whose code copies the operands with the right operation (the
 product-and-sum problems make two calls in one turn), then copying the printed results into
-``\\boxed{}``. A share of the SFT conversations (``no_tool_share``, 40% by default) answers
-at once without the tool, as a lazy model would: it boxes the problem's first number, which is
-never the answer. The tiny model learns the copying from both kinds, and the first token's choice
-(answer now, or call the tool) at about that share, so RL has a clear, seed-robust thing to learn
-(call the tool), whatever the SFT's end point for copying. The SFT tool responses end with an
-execution time drawn from 0.00-0.03 s, as the sandbox reports: without that line the tiny model
-learned to copy the printed result far worse (SFT NLL 0.19 instead of 0.04 after one epoch,
-~0% held-out accuracy).
+``\\boxed{}``. The SFT tool responses end with an execution time drawn from 0.00-0.03 s, as
+the sandbox reports: without that line the tiny model learned to copy the printed result far
+worse (SFT NLL 0.19 instead of 0.04 after one epoch, ~0% held-out accuracy).
 
 :func:`make_rows` gives rStar2 prompt rows (train and held-out splits never share a problem),
 :func:`sft_conversation` the tool-call conversation that solves one row, in the shape
@@ -98,31 +93,18 @@ SYSTEM_PROMPT = (
 )
 
 
-NO_TOOL_SHARE = 0.4
-
-
 def write_toy_data(
-    out_dir: Path,
-    *,
-    num_sft: int,
-    num_train: int,
-    num_heldout: int,
-    seed: int = 0,
-    no_tool_share: float = NO_TOOL_SHARE,
+    out_dir: Path, *, num_sft: int, num_train: int, num_heldout: int, seed: int = 0
 ) -> dict[str, Path]:
-    """``sft.jsonl`` (conversations, ``no_tool_share`` of them answered without the tool),
-    ``train.jsonl`` and ``heldout.jsonl`` (rStar2 rows): three disjoint problem sets. Returns the
-    paths by name."""
+    """``sft.jsonl`` (conversations), ``train.jsonl`` and ``heldout.jsonl`` (rStar2 rows):
+    three disjoint problem sets. Returns the paths by name."""
     out_dir.mkdir(parents=True, exist_ok=True)
     heldout = make_rows(num_heldout, split="test", seed=seed)
     seen = [r["prompt"][0]["content"] for r in heldout]
     pool = make_rows(num_sft + num_train, split="train", seed=seed, exclude=seen)
     rng = random.Random(f"{ORIGIN}:sft:{seed}")
     files = {
-        "sft": (
-            out_dir / "sft.jsonl",
-            [sft_conversation(r, rng, rng.random() >= no_tool_share) for r in pool[:num_sft]],
-        ),
+        "sft": (out_dir / "sft.jsonl", [sft_conversation(r, rng) for r in pool[:num_sft]]),
         "train": (out_dir / "train.jsonl", pool[num_sft:]),
         "heldout": (out_dir / "heldout.jsonl", heldout),
     }
@@ -136,37 +118,26 @@ def tool_call_text(code: str, tool_name: str = DEFAULT_TOOL_NAME) -> str:
     return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
 
-def sft_conversation(
-    row: dict[str, Any], rng: random.Random, use_tool: bool = True
-) -> dict[str, Any]:
+def sft_conversation(row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     """The solving conversation of ``row``: one tool call per expression (all in one turn), their
-    responses as the agent loop renders them, the boxed answer; without ``use_tool``, a wrong
-    answer at once: the problem's first number, in the tool conversation's closing turn."""
+    responses as the agent loop renders them, the boxed answer."""
     exprs = [str(e) for e in row["extra_info"]["expressions"]]
     answer = str(row["reward_model"]["ground_truth"])
-    user = {"role": "user", "content": row["prompt"][0]["content"]}
-    if not use_tool:  # the problem's first number: every problem takes two numbers or more
-        guess = exprs[0].split("*")[0].split("+")[0]
-        return {"messages": [user, _final_turn(guess)]}
     values = answer.split(", ")
     calls = "\n".join(tool_call_text(f"print({e})") for e in exprs)
     tools = [
         {"role": "tool", "content": truncate(_response(value, rng), 256, "middle")}
         for value in values
     ]
+    boxed = f"<answer>\\boxed{{{answer}}}</answer>"
     return {
         "messages": [
-            user,
+            {"role": "user", "content": row["prompt"][0]["content"]},
             {"role": "assistant", "content": f"I will compute {' and '.join(exprs)}.\n" + calls},
             *tools,
-            _final_turn(answer),
+            {"role": "assistant", "content": f"The result is {answer}.</reason>\n" + boxed},
         ]
     }
-
-
-def _final_turn(answer: str) -> dict[str, str]:
-    boxed = f"<answer>\\boxed{{{answer}}}</answer>"
-    return {"role": "assistant", "content": f"The result is {answer}.</reason>\n" + boxed}
 
 
 def _response(value: str, rng: random.Random) -> str:

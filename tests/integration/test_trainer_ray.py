@@ -19,7 +19,7 @@ from tests.faults import (
     wait_until_gone,
     wait_until_group_is_gone,
 )
-from tests.helpers.reference_run import ReferenceRun, assert_same_steps, metrics
+from tests.helpers.reference_run import ReferenceRun, assert_same_steps, step_metrics
 
 pytestmark = pytest.mark.timeout(900)
 MEGATRON_SITE = REPO / "tests" / "helpers" / "megatron_site"
@@ -56,8 +56,8 @@ def test_learner_engines_and_sandbox_in_ray_actors_stop_on_sigterm_and_give_the_
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # learner actor -> engine actors, around this process
     assert {r["sync/path"] for r in rows if r.get("updated")} == {"group"}
-    ray_steps = [r for r in metrics(run_dir) if "reward_mean" in r]
-    full = [r for r in metrics(reference_run.run_dir) if "reward_mean" in r]
+    ray_steps = step_metrics(run_dir)
+    full = step_metrics(reference_run.run_dir)
     assert ray_steps == full[:2]
 
 
@@ -84,6 +84,6 @@ def test_a_two_rank_ray_learner_group_replays_the_single_process_updates(
     res = run_cli(*args, *overrides, timeout=600, env={"PYTHONPATH": path})
     assert res.returncode == 0, res.stderr[-3000:]
     assert "learner: 2 ranks in Ray actors on cpu" in res.stdout
-    full = [r for r in metrics(reference_run.run_dir) if "reward_mean" in r]
-    replay = [r for r in metrics(run_dir) if "reward_mean" in r]
+    full = step_metrics(reference_run.run_dir)
+    replay = step_metrics(run_dir)
     assert_same_steps(replay, full, rel=1e-4)

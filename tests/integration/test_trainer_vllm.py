@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, run_cli
-from tests.helpers.reference_run import ReferenceRun, assert_same_steps, metrics
+from tests.helpers.reference_run import ReferenceRun, assert_same_steps, metrics, step_metrics
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -77,8 +77,8 @@ def test_replay_reproduces_the_updates_without_engines(reference_run: ReferenceR
     res = run_cli(*args, "--replay-rollouts", str(rollouts), timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "vllm" not in res.stderr.lower()
-    full = [r for r in metrics(reference_run.run_dir) if "reward_mean" in r]
-    replay = [r for r in metrics(run_dir) if "reward_mean" in r]
+    full = step_metrics(reference_run.run_dir)
+    replay = step_metrics(run_dir)
     assert replay == full
 
 
@@ -111,8 +111,8 @@ def test_the_megatron_backend_replays_the_torch_backends_updates(
     path = os.pathsep.join(filter(None, [str(MEGATRON_SITE), os.environ.get("PYTHONPATH")]))
     res = run_cli(*args, timeout=600, env={"PYTHONPATH": path})
     assert res.returncode == 0, res.stderr[-3000:]
-    full = [r for r in metrics(reference_run.run_dir) if "reward_mean" in r]
-    replay = [r for r in metrics(run_dir) if "reward_mean" in r]
+    full = step_metrics(reference_run.run_dir)
+    replay = step_metrics(run_dir)
     learner_keys = {
         f"actor/{k}" for k in ("pg_loss", "grad_norm", "clip_frac_low", "clip_frac_high")
     }

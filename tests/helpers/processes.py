@@ -24,16 +24,36 @@ def live_commands(*markers: str) -> list[str]:
     return found
 
 
-def _is_engine_core(process: Any) -> bool:
-    """vLLM titles its engine-core process ``VLLM::EngineCore`` (argv and, cut to 15
-    characters, the kernel's comm name); either may be what a glance sees first."""
+def _title(process: Any) -> str:
+    """``process``'s argv and kernel comm name, or "" once it is gone."""
     import psutil
 
     try:
-        title = " ".join(process.cmdline()) + " " + process.name()
+        return " ".join(process.cmdline()) + " " + process.name()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""
+
+
+def _is_engine_core(process: Any) -> bool:
+    """vLLM titles its engine-core process ``VLLM::EngineCore`` (argv and, cut to 15
+    characters, the kernel's comm name). The title can silently fail to take: setproctitle
+    gives up in a process whose first environment variable was rewritten before the call
+    (seen in CI, in an engine under a Ray actor, whose worker was left untitled too). An
+    untitled engine core is then told by its shape: a ``multiprocessing`` spawn child that
+    has spawned its own worker (no other spawn child under a trainer or an engine actor
+    spawns one)."""
+    import psutil
+
+    title = _title(process)
+    if "EngineCor" in title:
+        return True
+    if "spawn_main" not in title:
         return False
-    return "EngineCor" in title
+    try:
+        children = process.children()
+    except psutil.NoSuchProcess:
+        return False
+    return any("spawn_main" in (t := _title(c)) or "VLLM::Worker" in t for c in children)
 
 
 def engine_cores(root_pid: int, expect: int, deadline_s: float = 60.0) -> list[Any]:
@@ -49,6 +69,6 @@ def engine_cores(root_pid: int, expect: int, deadline_s: float = 60.0) -> list[A
         if len(cores) == expect:
             return cores
         if time.monotonic() > end:
-            found = [(p.pid, p.name()) for p in children]
+            found = [(p.pid, _title(p)[:100]) for p in children]
             raise AssertionError(f"{len(cores)} engine cores, not {expect}, among {found}")
         time.sleep(0.2)

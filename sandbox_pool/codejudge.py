@@ -26,7 +26,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from sandbox_pool.protocol import TIMEOUT_PREFIX, ExecRequest, ExecResult
+from sandbox_pool.protocol import (
+    TIMEOUT_PREFIX,
+    BodyError,
+    ExecRequest,
+    ExecResult,
+    decode_body,
+)
 
 TIMEOUT_MARK = "Suicide from timeout."
 # Room kept past a long expected output, so that the comparison sees the whole stdout.
@@ -59,18 +65,16 @@ class InvalidBody(ValueError):
 def parse(model: type[BaseModel], raw: bytes) -> Any:
     """Validate a request body as FastAPI does for ``model``; InvalidBody otherwise."""
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        pos = getattr(exc, "pos", 0)
-        message = getattr(exc, "msg", str(exc))
+        data = decode_body(raw)
+    except BodyError as exc:
         raise InvalidBody(
             [
                 {
                     "type": "json_invalid",
-                    "loc": ["body", pos],
+                    "loc": ["body", exc.pos],
                     "msg": "JSON decode error",
                     "input": {},
-                    "ctx": {"error": message},
+                    "ctx": {"error": exc.error},
                 }
             ]
         ) from None

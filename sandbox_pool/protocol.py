@@ -8,6 +8,7 @@ protocol error, never an allocation.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import asdict, dataclass, field
@@ -39,6 +40,59 @@ TIMEOUT_PREFIX = "TimeoutError: execution exceeded "
 
 class ProtocolError(ValueError):
     """A malformed request or frame; the message is safe to show to the client."""
+
+
+class BodyError(ProtocolError):
+    """A request body that is not strict JSON: ``error`` says why (the JSON decoder's words
+    where it found it), ``pos`` the character where (0 when not one place)."""
+
+    def __init__(self, error: str, pos: int = 0) -> None:
+        super().__init__(f"body is not valid JSON ({error})")
+        self.error = error
+        self.pos = pos
+
+
+def decode_body(raw: bytes) -> Any:
+    """The JSON value of a request body, held to strict JSON: UTF-8 text, no ``NaN`` or
+    ``Infinity``, no lone UTF-16 surrogate escape (it could not be written out as code or
+    stdin), integers of at most Python's 4,300 digits, nesting within the decoder's recursion
+    limit. Anything else is a :class:`BodyError` with a one-line reason."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BodyError(f"not UTF-8 at byte {exc.start}") from None
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise BodyError(f"{exc.msg} at character {exc.pos}", exc.pos) from None
+    except RecursionError:
+        raise BodyError("nested too deeply") from None
+    except ValueError as exc:  # an integer past the digit limit; NaN or Infinity
+        raise BodyError(str(exc)) from None
+    _refuse_lone_surrogates(value)
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _refuse_lone_surrogates(value: Any) -> None:
+    """BodyError if a string (key or value) anywhere in ``value`` holds a lone surrogate;
+    iterative, so a value as deep as the decoder allows is no problem."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise BodyError(f"lone surrogate \\u{ord(item[exc.start]):04x}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,8 +201,13 @@ def _optional_number(data: dict[str, Any], key: str, kind: type) -> Any:
     value = data.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ProtocolError(f"'{key}' must be a positive number")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, float) and not math.isfinite(value))
+        or value <= 0
+    ):
+        raise ProtocolError(f"'{key}' must be a positive finite number")
     return kind(value)
 
 

@@ -5,10 +5,13 @@ native request is answered 429 with ``Retry-After``; a code-judge submission wai
 to its queue deadline (``/run``, ``/batch``: ``queue_wait_s``; ``/long-batch``:
 ``long_batch_wait_s``), then is answered ``queue_timeout`` (what code-judge clients retry on),
 never dropped silently. Waiting submissions are admitted in arrival order. Bad input is a 4xx
-with a one-line reason: 400 on /v1, 422 with FastAPI's ``detail`` list on code-judge's
-endpoints (see :mod:`sandbox_pool.codejudge`). ``/healthz`` and ``/ping`` never wait for the
-executor. ``/status`` has code-judge's two fields only; ``/v1/status`` has ours. With a token
-configured, every other endpoint needs ``Authorization: Bearer <token>``.
+with a one-line reason, never a 500: 400 on /v1, 422 with FastAPI's ``detail`` list on
+code-judge's endpoints (see :mod:`sandbox_pool.codejudge`); bodies are held to strict JSON
+(:func:`sandbox_pool.protocol.decode_body`), a body past ``max_body_mb`` is 413, one that
+stops short of its Content-Length is 408 after ``body_read_timeout_s``, and our GET endpoints
+refuse a query (code-judge's ignore one, as FastAPI does). ``/healthz`` and ``/ping`` never
+wait for the executor. ``/status`` has code-judge's two fields only; ``/v1/status`` has ours.
+With a token configured, every other endpoint needs ``Authorization: Bearer <token>``.
 
 Draining (:meth:`SandboxServer.drain`, on SIGTERM): calls that have not started are handed back
 as 503 with ``Retry-After`` (new ones, and those the executor hands back: a batch with one is
@@ -32,7 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from sandbox_pool import codejudge as cj
 from sandbox_pool.pool import PoolDraining
-from sandbox_pool.protocol import STATUSES, ExecRequest, ExecResult, ProtocolError
+from sandbox_pool.protocol import STATUSES, ExecRequest, ExecResult, ProtocolError, decode_body
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _log = logging.getLogger("sandbox_pool.server")
@@ -52,6 +55,7 @@ class Executor(Protocol):
 class ServerConfig:
     max_pending: int = 1024  # admitted calls (running + waiting) before 429 / queue_timeout
     max_body_mb: int = 16
+    body_read_timeout_s: float = 30.0  # a body shorter than its Content-Length: 408 after this
     max_code_chars: int = 1_000_000
     max_batch: int = 1024
     token: str | None = None
@@ -178,15 +182,33 @@ class SandboxServer:
 
     # ---- native API ----
 
+    async def _read(self, request: web.Request) -> bytes:
+        """The whole body, or 408 when it stops short of its Content-Length for
+        ``body_read_timeout_s`` (413 past ``max_body_mb`` comes from aiohttp)."""
+        try:
+            return await asyncio.wait_for(request.read(), self.config.body_read_timeout_s)
+        except TimeoutError:
+            reason = f"body incomplete after {self.config.body_read_timeout_s:g} s"
+            raise web.HTTPRequestTimeout(
+                text=json.dumps({"error": reason}), content_type="application/json"
+            ) from None
+
+    async def _json(self, request: web.Request) -> Any:
+        """The body's JSON value (native API); 400 with a one-line reason otherwise."""
+        try:
+            return decode_body(await self._read(request))
+        except ProtocolError as exc:
+            raise _bad_request(str(exc)) from None
+
     async def _execute(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+        body = await self._json(request)
         call = self._parse(body)
         if not self._admit(1):
             return self._too_busy()
         return web.json_response((await self._run(call)).to_json())
 
     async def _execute_batch(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+        body = await self._json(request)
         calls = self._parse_items(body, "requests", self._parse)
         if not self._admit(len(calls)):
             return self._too_busy()
@@ -233,11 +255,13 @@ class SandboxServer:
     # ---- health and metrics ----
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        _no_query(request)
         if self.draining:
             return web.json_response({"status": "draining", "pending": self.pending}, status=503)
         return web.json_response({"status": "ok", "pending": self.pending})
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        _no_query(request)
         status = self.executor.status()
         self.metrics.queue_depth.set(status.get("queued", 0))
         return web.Response(
@@ -257,6 +281,7 @@ class SandboxServer:
         return web.json_response({"queue": queued, "num_workers": int(status["num_workers"])})
 
     async def _v1_status(self, request: web.Request) -> web.Response:
+        _no_query(request)
         status = self.executor.status()
         return web.json_response({"pending": self.pending, "waiting": self._waiting(), **status})
 
@@ -265,7 +290,7 @@ class SandboxServer:
         return sum(not room.done() for room in self._room)
 
     async def _cj_single(self, request: web.Request) -> web.Response:
-        sub = cj.parse(cj.Submission, await _raw_body(request))
+        sub = cj.parse(cj.Submission, await self._read(request))
         result = await self._judge(sub, self.config.codejudge.queue_wait_s)
         judge_only = request.path.startswith("/judge")
         return web.json_response(cj.judge_view(result) if judge_only else result)
@@ -277,7 +302,7 @@ class SandboxServer:
         return await self._cj_many(request, self.config.codejudge.long_batch_wait_s)
 
     async def _cj_many(self, request: web.Request, wait_s: float) -> web.Response:
-        batch = cj.parse(cj.BatchSubmission, await _raw_body(request))
+        batch = cj.parse(cj.BatchSubmission, await self._read(request))
         if len(batch.submissions) > self.config.max_batch:
             raise _unprocessable(f"at most {self.config.max_batch} submissions per batch")
         results = await asyncio.gather(*(self._judge(s, wait_s) for s in batch.submissions))
@@ -324,17 +349,11 @@ class SandboxServer:
         return await handler(request)
 
 
-async def _json_body(request: web.Request) -> Any:
-    try:
-        return await request.json(loads=json.loads)
-    except json.JSONDecodeError as exc:
-        raise _bad_request(f"body is not valid JSON ({exc.msg})") from None
-    except UnicodeDecodeError:
-        raise _bad_request("body is not UTF-8") from None
-
-
-async def _raw_body(request: web.Request) -> bytes:
-    return await request.read()
+def _no_query(request: web.Request) -> None:
+    """400 when a GET of ours is sent a query (it takes none: a typo should not pass)."""
+    if request.query_string:
+        names = ", ".join(sorted(set(request.query))) or request.query_string
+        raise _bad_request(f"{request.path} takes no query parameters (got {names})")
 
 
 def _unprocessable(reason: str) -> web.HTTPUnprocessableEntity:

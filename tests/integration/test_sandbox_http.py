@@ -54,7 +54,7 @@ async def test_native_execute_and_batch(service):
         (b"{not json", "not valid JSON"),
         (b'{"code": 3}', "'code' must be a string"),
         (b'{"code": "1", "extra": 1}', "unknown field"),
-        (b'{"code": "1", "timeout_s": -1}', "'timeout_s' must be a positive number"),
+        (b'{"code": "1", "timeout_s": -1}', "'timeout_s' must be a positive finite number"),
         (b'{"requests": []}', "non-empty"),
     ],
 )

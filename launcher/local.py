@@ -35,8 +35,8 @@ from launcher.preflight import taken_ports
 from launcher.slurm import LaunchError
 from launcher.wait_for import wait_http, wait_ray
 from rstar2.config import Config
+from rstar2.config_rules import check_placement
 from rstar2.trainer.ray_resources import engine_demand
-from rstar2.trainer.wiring import check_placement_supported
 
 HOST = "127.0.0.1"
 SANDBOX_NODES = ("local-sandbox-0", "local-sandbox-1")
@@ -65,7 +65,7 @@ class LocalPlan:
 def plan_local(cfg: Config, config_path: str | None, overrides: list[str]) -> LocalPlan:
     """What ``launch local`` starts for ``cfg`` (ConfigError before anything starts)."""
     ray_cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"ray": True})})
-    check_placement_supported(ray_cfg)
+    check_placement(ray_cfg)
     run_dir = (Path(cfg.runs_dir) / cfg.name).resolve()
     log_dir = run_dir / "local"
     ports, lock = _free_port_block()

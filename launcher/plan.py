@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rstar2.config import Config, ConfigError
 from rstar2.config_launch import LaunchRoleConfig
-from rstar2.trainer.wiring import check_placement_supported
+from rstar2.config_rules import check_launch
 
 ROLES = ("learner", "rollout", "sandbox")
 
@@ -96,35 +96,13 @@ def node_ray_ports(base: int, slot: int, slots: int = 1) -> list[str]:
 
 
 def plan_job(cfg: Config) -> JobPlan:
-    """The job ``cfg`` asks for; ConfigError (the key and why) for a launch it cannot run."""
-    launch = cfg.launch
-    roles = {role: getattr(launch, role) for role in ROLES}
-    if roles["learner"].nodes == 0:
-        raise ConfigError("launch.learner.nodes", "at least one node runs the learner (0 given)")
-    if roles["sandbox"].gpus_per_node:
-        raise ConfigError("launch.sandbox.gpus_per_node", "sandbox nodes are CPU nodes: use 0")
-    if roles["sandbox"].nodes and cfg.sandbox.mode == "embedded":
-        raise ConfigError(
-            "launch.sandbox.nodes",
-            "sandbox nodes serve sandbox.mode http or redis; with the embedded sandbox the tool "
-            "calls run in the trainer (set launch.sandbox.nodes: 0 or choose a mode)",
-        )
-    if roles["sandbox"].nodes and cfg.sandbox.mode == "redis":
-        raise ConfigError(
-            "sandbox.mode",
-            "launched sandbox nodes serve the trainer over HTTP (behind it, a Redis queue with "
-            "the job's password when there are several): use sandbox.mode http",
-        )
-    if launch.container != "none" and not launch.image:
-        raise ConfigError("launch.image", f"container {launch.container} needs an image")
-    _check_gpus(cfg, roles)
-    # what the driver (in the job's Ray cluster) would refuse only after the queue wait
-    in_ray = cfg.cluster.model_copy(update={"ray": True})
-    check_placement_supported(cfg.model_copy(update={"cluster": in_ray}))
+    """The job ``cfg`` asks for; ConfigError (the key and why) for a launch it cannot run
+    (:func:`rstar2.config_rules.check_launch`: the run placed on the roles, in Ray)."""
+    check_launch(cfg, ray_job=True)
     components = tuple(
         Component(role, r.nodes, r.gpus_per_node, _options(r))
-        for role, r in roles.items()
-        if r.nodes
+        for role in ROLES
+        if (r := getattr(cfg.launch, role)).nodes
     )
     return _job_plan(cfg, components)
 
@@ -135,18 +113,8 @@ def plan_torchrun_job(cfg: Config) -> JobPlan:
     roles' nodes are not asked for."""
     from rstar2.trainer.wiring import check_learner_supported
 
+    check_launch(cfg, ray_job=False)
     learner = cfg.launch.learner
-    if learner.nodes == 0:
-        raise ConfigError("launch.learner.nodes", "at least one node runs the learner (0 given)")
-    if cfg.cluster.accelerator != "cpu":
-        if learner.gpus_per_node == 0:
-            raise ConfigError("launch.learner.gpus_per_node", "learner nodes need GPUs (0 given)")
-        if learner.gpus_per_node > cfg.cluster.gpus_per_node:
-            raise ConfigError(
-                "launch.learner.gpus_per_node",
-                f"{learner.gpus_per_node} GPUs per node, but a node has "
-                f"{cfg.cluster.gpus_per_node} (cluster.gpus_per_node)",
-            )
     ranks = learner.nodes * ranks_per_node(learner)
     if cfg.learner.num_ranks != ranks:
         raise ConfigError(
@@ -156,8 +124,6 @@ def plan_torchrun_job(cfg: Config) -> JobPlan:
             f"{cfg.learner.num_ranks}",
         )
     check_learner_supported(cfg, torchrun_ranks=ranks)
-    if cfg.launch.container != "none" and not cfg.launch.image:
-        raise ConfigError("launch.image", f"container {cfg.launch.container} needs an image")
     component = Component("learner", learner.nodes, learner.gpus_per_node, _options(learner))
     return _job_plan(cfg, (component,))
 
@@ -185,60 +151,6 @@ def _job_plan(cfg: Config, components: tuple[Component, ...]) -> JobPlan:
         learner_backend=cfg.learner.backend,
         serve_metrics=cfg.logging.metrics_port is not None,
     )
-
-
-def _check_gpus(cfg: Config, roles: dict[str, LaunchRoleConfig]) -> None:
-    """Each GPU role within a node's GPUs; GPUs enough for the learner ranks and engines."""
-    if cfg.cluster.accelerator == "cpu":
-        return  # CPU runs ask for no GPU (a CPU test cluster's fake GPUs may still be asked for)
-    per_node = cfg.cluster.gpus_per_node
-    for role in ("learner", "rollout"):
-        r = roles[role]
-        if r.nodes and r.gpus_per_node > per_node:
-            raise ConfigError(
-                f"launch.{role}.gpus_per_node",
-                f"{r.gpus_per_node} GPUs per node, but a node has {per_node} "
-                "(cluster.gpus_per_node)",
-            )
-        if r.nodes and r.gpus_per_node == 0:
-            raise ConfigError(f"launch.{role}.gpus_per_node", f"{role} nodes need GPUs (0 given)")
-    ranks = cfg.learner.num_ranks
-    tp = cfg.rollout.tensor_parallel_size
-    engine_gpus = 0 if cfg.cluster.colocate else cfg.rollout.num_engines * tp
-    learner, rollout = roles["learner"], roles["rollout"]
-    have = learner.nodes * learner.gpus_per_node
-    if rollout.nodes:
-        if rollout.nodes * rollout.gpus_per_node < engine_gpus:
-            raise ConfigError(
-                "launch.rollout.nodes",
-                f"{cfg.rollout.num_engines} engines of TP {tp} need {engine_gpus} GPUs; "
-                f"{rollout.nodes} x {rollout.gpus_per_node} given",
-            )
-        engine_gpus = 0
-    if have < ranks + engine_gpus:
-        what = f"{ranks} learner ranks" + (f" and {engine_gpus} engine GPUs" if engine_gpus else "")
-        raise ConfigError(
-            "launch.learner.nodes",
-            f"{what} need {ranks + engine_gpus} GPUs; {learner.nodes} x "
-            f"{learner.gpus_per_node} given",
-        )
-    if cfg.cluster.colocate and rollout.nodes:
-        raise ConfigError(
-            "launch.rollout.nodes",
-            "colocated engines run on the learner nodes' GPUs: use 0 rollout nodes",
-        )
-    engine_node = rollout if rollout.nodes else learner
-    if tp > engine_node.gpus_per_node:
-        raise ConfigError(
-            "rollout.tensor_parallel_size",
-            f"an engine of TP {tp} runs on one node, which has {engine_node.gpus_per_node} GPUs",
-        )
-    if rollout.nodes and rollout.nodes * (rollout.gpus_per_node // tp) < cfg.rollout.num_engines:
-        raise ConfigError(
-            "launch.rollout.nodes",
-            f"{cfg.rollout.num_engines} engines of TP {tp} do not fit on {rollout.nodes} nodes of "
-            f"{rollout.gpus_per_node} GPUs (an engine never spans two nodes)",
-        )
 
 
 def _options(role: LaunchRoleConfig) -> tuple[str, ...]:

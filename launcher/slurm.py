@@ -14,14 +14,18 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from launcher.plan import JobPlan, plan_job, plan_torchrun_job
 from launcher.render import JobPaths, render_env, render_sbatch
 from rstar2.config import Config
+from rstar2.errors import UserError
 
 
-class LaunchError(RuntimeError):
+class LaunchError(UserError, RuntimeError):
     """Submission failed (no Slurm here, sbatch refused the job): the message says why."""
+
+    kind: ClassVar[str] = "launch error"
 
 
 @dataclass(frozen=True)

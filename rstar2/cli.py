@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rstar2 import cli_launch, cli_run
 from rstar2.config import ConfigError
+from rstar2.errors import UserError
 
 EXIT_USER_ERROR = 2
 
@@ -20,31 +21,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return EXIT_USER_ERROR
-    from rstar2.data.schema import DataError
-    from rstar2.reward.host import RewardHostBroken
-    from rstar2.rollout.dispatch import AllEnginesDown
-    from rstar2.trainer.durable import CheckpointError
-
     try:
         code: int = args.handler(args)
         return code
-    except ConfigError as exc:
-        print(f"rstar2: config error: {exc}", file=sys.stderr)
-    except DataError as exc:
-        print(f"rstar2: data error: {exc}", file=sys.stderr)
-    except CheckpointError as exc:
-        print(f"rstar2: checkpoint error: {exc}", file=sys.stderr)
-        return 1
-    except AllEnginesDown as exc:
-        print(f"rstar2: rollout stopped: {exc}", file=sys.stderr)
-        return 1
-    except RewardHostBroken as exc:
-        print(f"rstar2: reward scoring stopped: {exc}", file=sys.stderr)
-        return 1
+    except UserError as exc:
+        print(f"rstar2: {exc.kind}: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("rstar2: interrupted", file=sys.stderr)
         return 130
-    return EXIT_USER_ERROR
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -98,7 +83,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--learner-ranks",
         type=int,
         metavar="N",
-        help="learner GPUs in all (default TP x PP: one data-parallel replica)",
+        help="learner GPUs in all (default: learner.num_ranks)",
     )
     layout.set_defaults(handler=_cmd_layout)
 
@@ -295,9 +280,7 @@ def _cmd_layout(args: argparse.Namespace) -> int:
 
     from rstar2.learner.megatron.plan import plan_learner
 
-    ranks = args.learner_ranks
-    if ranks is None:
-        ranks = section.tensor_parallel_size * section.pipeline_parallel_size
+    ranks = section.num_ranks if args.learner_ranks is None else args.learner_ranks
     if ranks < 1:
         raise ConfigError("--learner-ranks", "must be at least 1")
     plan = plan_learner(section, AutoConfig.from_pretrained(config_file.parent), ranks)

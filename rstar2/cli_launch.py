@@ -4,14 +4,13 @@ written or started on a config error), then submit or start it, or print it with
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def cmd_launch_slurm(args: argparse.Namespace) -> int:
     import shlex
 
     from launcher.plan import port_block
-    from launcher.slurm import LaunchError, prepare, submit
+    from launcher.slurm import prepare, submit
     from rstar2.config_io import load_config
 
     cfg = load_config(args.config, args.overrides)
@@ -25,13 +24,7 @@ def cmd_launch_slurm(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(shlex.join(attempt.command))
         return 0
-    try:
-        attempt = submit(attempt)
-    except LaunchError as exc:
-        from rstar2.cli import EXIT_USER_ERROR  # here: rstar2.cli imports this module
-
-        print(f"rstar2: launch error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    attempt = submit(attempt)  # LaunchError: one line, exit 2 (rstar2.cli.main)
     print(f"submitted job {attempt.job_id}; logs in {attempt.folder / 'logs'}")
     if cfg.logging.metrics_port is not None and attempt.job_id is not None:
         port = port_block(int(attempt.job_id))["metrics"]
@@ -43,17 +36,10 @@ def cmd_launch_local(args: argparse.Namespace) -> int:
     import shlex
 
     from launcher.local import plan_local, run_local
-    from launcher.slurm import LaunchError
     from rstar2.config_io import load_config
 
     cfg = load_config(args.config, args.overrides)
-    try:
-        plan = plan_local(cfg, args.config, list(args.overrides))  # ConfigError: nothing started
-    except LaunchError as exc:
-        from rstar2.cli import EXIT_USER_ERROR  # here: rstar2.cli imports this module
-
-        print(f"rstar2: launch error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    plan = plan_local(cfg, args.config, list(args.overrides))  # ConfigError: nothing started
     if plan.resumes:
         print(
             f"note: {plan.run_dir} already holds a run: the driver resumes it with that run's "

@@ -3,11 +3,17 @@ so section modules outside :mod:`rstar2.config` can build on it without an impor
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel, ConfigDict
 
+from rstar2.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A user error in a config file or override; ``key`` is the dotted path it concerns."""
+
+    kind: ClassVar[str] = "config error"
 
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"{key}: {message}" if key else message)

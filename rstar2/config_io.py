@@ -19,12 +19,20 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rstar2.config import Config, ConfigError, discriminator_of, section_models
+from rstar2.config_rules import check_config
 
 _MAX_SHOWN_INPUT_CHARS = 60
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Return the validated config: defaults, then the YAML file at ``path``, then ``overrides``."""
+    """Return the validated config: defaults, then the YAML file at ``path``, then ``overrides``;
+    then the cross-field rules (:func:`rstar2.config_rules.check_config`)."""
+    config = _load(path, overrides)
+    check_config(config)
+    return config
+
+
+def _load(path: str | Path | None, overrides: Sequence[str]) -> Config:
     data: dict[str, Any] = {}
     if path is not None:
         data = _read_yaml(Path(path))

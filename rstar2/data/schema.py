@@ -15,14 +15,18 @@ template at rollout time. Extra columns in a row are kept untouched.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
+
+from rstar2.errors import UserError
 
 AGENT_NAME = "rstar2_agent"
 REQUIRED_KEYS = ("data_source", "prompt", "reward_model")
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A user error in a dataset: bad file, missing field, unknown name. The message says where."""
+
+    kind: ClassVar[str] = "data error"
 
 
 def make_row(

@@ -34,14 +34,19 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, ClassVar
+
+from rstar2.errors import UserError
 
 VerifyFn = Callable[[str, str, float], bool]
 FunctionRef = tuple[str, ...]  # ("import", module, qualname) or ("pickle", pickled bytes)
 
 
-class RewardHostBroken(RuntimeError):
+class RewardHostBroken(UserError, RuntimeError):
     """The verification host died ``max_restarts`` times in a row: scores would all be 0."""
+
+    kind: ClassVar[str] = "reward scoring stopped"
+    exit_code: ClassVar[int] = 1
 
 
 ENTRY = "rstar2.reward.host_entry"

@@ -38,10 +38,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from rstar2.agent.loop import AgentSettings, Observer, Sandbox, Trajectory, run_trajectory
 from rstar2.agent.template import ChatTemplate
+from rstar2.errors import UserError
 from rstar2.rollout.engine import Engine, EngineDown, Generation, KVStats, SamplingSettings
 from rstar2.rollout.sched_metrics import SchedMetrics, SchedSample, sample
 from scheduler.core import Assignment, Scheduler, SchedulerSettings
@@ -55,8 +56,11 @@ class DispatcherClosed(RuntimeError):
     """The dispatcher was closed."""
 
 
-class AllEnginesDown(RuntimeError):
+class AllEnginesDown(UserError, RuntimeError):
     """Every engine failed; no request can run."""
+
+    kind: ClassVar[str] = "rollout stopped"
+    exit_code: ClassVar[int] = 1
 
 
 @dataclass(frozen=True)

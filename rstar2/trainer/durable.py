@@ -12,12 +12,18 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import ClassVar
+
+from rstar2.errors import UserError
 
 MANIFEST = "manifest.json"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint could not be written, or none on disk can be read; the message says why."""
+
+    kind: ClassVar[str] = "checkpoint error"
+    exit_code: ClassVar[int] = 1
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)

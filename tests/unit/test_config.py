@@ -51,6 +51,10 @@ def test_paper_recipe_values():
     assert (cfg.algorithm.clip_ratio_low, cfg.algorithm.clip_ratio_high) == (0.2, 0.28)
     assert cfg.cluster.accelerator == "rocm"
     assert cfg.cluster.num_nodes * cfg.cluster.gpus_per_node == 64
+    # colocated on the 64 GPUs: a learner rank and a quarter of a TP-4 engine on each
+    assert cfg.cluster.colocate and cfg.cluster.ray and cfg.learner.num_ranks == 64
+    assert cfg.rollout.num_engines * cfg.rollout.tensor_parallel_size == 64
+    assert cfg.launch.learner.nodes * cfg.launch.learner.gpus_per_node == 64
 
 
 def test_toy_preset_is_cpu():
@@ -71,6 +75,7 @@ def test_rstar2_override_names():
             "model.path=123",
             "sandbox.url=null",
             "sandbox.mode=embedded",
+            "launch.sandbox.nodes=0",  # else a config error: sandbox nodes serve http
         ],
     )
     ds = cfg.augmentation.down_sampling_config
@@ -266,7 +271,9 @@ def test_tagged_sections_take_the_shape_their_tag_names() -> None:
     assert paper.learner.tensor_parallel_size == 4
     assert isinstance(paper.sandbox, HttpSandboxConfig)
 
-    switched = load_config(PAPER, ["learner.backend=torch", "sandbox.mode=embedded"])
+    switched = load_config(
+        PAPER, ["learner.backend=torch", "sandbox.mode=embedded", "launch.sandbox.nodes=0"]
+    )
     assert isinstance(switched.learner, TorchLearnerConfig)
     assert switched.learner.micro_batch_tokens_per_gpu == 16384  # shared: kept
     assert switched.sandbox.max_execution_time_s == 4.0

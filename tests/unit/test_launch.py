@@ -55,9 +55,12 @@ CASES = {
     "one-node": (
         PAPER,
         [
+            "cluster.num_nodes=1",
+            "cluster.colocate=false",
             "learner.num_ranks=4",
             "rollout.num_engines=1",
             "launch.learner.nodes=1",
+            "launch.sandbox.nodes=0",
             "sandbox.mode=embedded",
         ],
     ),
@@ -68,7 +71,13 @@ CASES = {
 TORCHRUN_CASES = {
     "torchrun-2x8-mi300x": (
         PAPER,
-        ["learner.num_ranks=16", "launch.learner.nodes=2", "launch.learner.partition=mi300x"],
+        [
+            "learner.num_ranks=16",
+            "rollout.num_engines=4",  # the config stays one a colocated RL run could take
+            "cluster.num_nodes=2",
+            "launch.learner.nodes=2",
+            "launch.learner.partition=mi300x",
+        ],
     ),
 }
 # every step in launch.image, one case per container mode
@@ -203,9 +212,9 @@ def test_the_mi300x_profile_gives_every_setting_a_reason_and_a_source() -> None:
             "must equal learner.num_ranks",
         ),
         (
-            ["learner.num_ranks=64"],
+            ["learner.num_ranks=8"],
             "launch.learner.nodes",
-            "64 learner ranks and 4 engine GPUs need 68 GPUs; 1 x 8 given",
+            "8 learner ranks and 4 engine GPUs need 12 GPUs; 1 x 8 given",
         ),
     ],
 )
@@ -213,7 +222,10 @@ def test_a_bad_launch_is_one_error_naming_the_key(
     overrides: list[str], key: str, says: str
 ) -> None:
     with pytest.raises(ConfigError) as err:
-        plan_job(load_config(PAPER, ["learner.num_ranks=4", "rollout.num_engines=1", *overrides]))
+        split = ["cluster.colocate=false", "launch.learner.nodes=1"]  # 4 ranks + 1 engine of TP 4
+        plan_job(
+            load_config(PAPER, ["learner.num_ranks=4", "rollout.num_engines=1", *split, *overrides])
+        )
     assert err.value.key == key and says in str(err.value)
 
 

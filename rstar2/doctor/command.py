@@ -57,6 +57,8 @@ def wanted(args: argparse.Namespace) -> Wanted:
             components.add("megatron-core")
         if config.cluster.ray:
             components.add("ray")
+        if config.cluster.colocate:
+            components.add("vllm sleep mode")
         sandbox = config.sandbox
         redis_url = redis_url or getattr(sandbox, "redis_url", None)
         sandbox_url = sandbox_url or getattr(sandbox, "url", None)

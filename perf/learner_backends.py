@@ -109,7 +109,9 @@ def torch_learner_step(config: Any, tokens: int, seq_len: int) -> Callable[[], A
     return lambda: learner.train_step(data)
 
 
-def megatron_step(config: Any, tokens: int, seq_len: int) -> tuple[Callable[[], Any], Any]:
+def megatron_step(
+    config: Any, tokens: int, seq_len: int, *, checkpointing: bool = False
+) -> tuple[Callable[[], Any], Any]:
     from transformers import Qwen3ForCausalLM
 
     from rstar2.config import MegatronLearnerConfig, OptimConfig
@@ -124,7 +126,7 @@ def megatron_step(config: Any, tokens: int, seq_len: int) -> tuple[Callable[[], 
         optim=OptimConfig(lr=1e-6, warmup_steps=0),
         learner=MegatronLearnerConfig(
             backend="megatron", micro_batch_tokens_per_gpu=max(tokens, seq_len),
-            activation_checkpointing=False,
+            activation_checkpointing=checkpointing,
         ),
         device="cuda",
     )  # fmt: skip

@@ -1,39 +1,14 @@
-"""Model shapes the benchmarks build and the capacity plan counts (no torch or rstar2 import:
-the lent GPU machine runs the benchmarks that need only torch and transformers without
-installing rstar2's dependencies)."""
+"""Model shapes the benchmarks build and the capacity plan counts (no torch import, and of
+rstar2 only the dependency-free :mod:`rstar2.model_shapes`: the lent GPU machine runs the
+benchmarks that need only torch and transformers without installing rstar2's dependencies)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-QWEN3_1_7B = {
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 40960,
-    "rope_theta": 1000000.0,
-}
-
-# Qwen3-14B's published config (what configs/rstar2_14b_mi300x.yaml trains), without weights
-QWEN3_14B = {
-    "hidden_size": 5120,
-    "intermediate_size": 17408,
-    "num_hidden_layers": 40,
-    "num_attention_heads": 40,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000,
-    "tie_word_embeddings": False,
-}
+# the published configs (a leaf module of rstar2, importable without its dependencies)
+from rstar2.model_shapes import QWEN3_1_7B, QWEN3_14B  # noqa: F401
 
 # bytes per element of a model dtype (config spellings and their short names)
 DTYPE_BYTES = {

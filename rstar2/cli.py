@@ -263,28 +263,36 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 def _cmd_layout(args: argparse.Namespace) -> int:
     from rstar2.config import MegatronLearnerConfig
     from rstar2.config_io import load_config
+    from rstar2.memory_plan import plan_memory, read_dims
+    from rstar2.model_shapes import KNOWN_SHAPES
 
     cfg = load_config(args.config, args.overrides)
+    dims, source = read_dims(cfg.model.path)  # ConfigError: neither config.json nor known
     section = cfg.learner
-    if not isinstance(section, MegatronLearnerConfig):
-        print("learner.backend is 'torch': FSDP shards over any number of ranks; no layout")
-        return 0
-    config_file = Path(cfg.model.path) / "config.json"
-    if not config_file.is_file():
-        raise ConfigError(
-            "model.path",
-            f"{cfg.model.path} has no config.json here (a hub id must be downloaded first, or "
-            "point model.path at a folder holding the model's config.json)",
-        )
-    from transformers import AutoConfig
+    if isinstance(section, MegatronLearnerConfig):
+        from transformers import AutoConfig
 
-    from rstar2.learner.megatron.plan import plan_learner
+        from rstar2.learner.megatron.plan import plan_learner
 
-    ranks = section.num_ranks if args.learner_ranks is None else args.learner_ranks
-    if ranks < 1:
-        raise ConfigError("--learner-ranks", "must be at least 1")
-    plan = plan_learner(section, AutoConfig.from_pretrained(config_file.parent), ranks)
-    print(f"learner: {ranks} ranks, {plan.describe()}")
+        folder = Path(cfg.model.path)
+        if (folder / "config.json").is_file():
+            hf_config = AutoConfig.from_pretrained(folder)
+        else:
+            shape = dict(KNOWN_SHAPES[cfg.model.path])
+            hf_config = AutoConfig.for_model(shape.pop("model_type", "qwen3"), **shape)
+        ranks = section.num_ranks if args.learner_ranks is None else args.learner_ranks
+        if ranks < 1:
+            raise ConfigError("--learner-ranks", "must be at least 1")
+        plan = plan_learner(section, hf_config, ranks)
+        print(f"learner: {ranks} ranks, {plan.describe()}")
+        if ranks != section.num_ranks:
+            cfg = cfg.model_copy(
+                update={"learner": section.model_copy(update={"num_ranks": ranks})}
+            )
+    else:
+        print("learner: torch backend; FSDP2 shards over any number of ranks")
+    for line in plan_memory(cfg, dims, source).lines():
+        print(line)
     return 0
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from rstar2.config import Config, ConfigError
+
 
 def cmd_launch_slurm(args: argparse.Namespace) -> int:
     import shlex
@@ -14,6 +16,7 @@ def cmd_launch_slurm(args: argparse.Namespace) -> int:
     from rstar2.config_io import load_config
 
     cfg = load_config(args.config, args.overrides)
+    _check_memory(cfg, learner_only=args.torchrun)
     attempt = prepare(cfg, torchrun=args.torchrun)  # ConfigError: nothing written
     print(f"job script: {attempt.script}")
     if attempt.resumes:
@@ -30,6 +33,19 @@ def cmd_launch_slurm(args: argparse.Namespace) -> int:
         port = port_block(int(attempt.job_id))["metrics"]
         print(f"live metrics: http://HEAD:{port}/metrics (HEAD: the job's first learner node)")
     return 0
+
+
+def _check_memory(cfg: Config, *, learner_only: bool) -> None:
+    """ConfigError when a phase does not fit a GPU (rstar2.memory_plan); a model whose shape
+    is not known here is not checked, and the console says so."""
+    from rstar2.memory_plan import check_fits, plan_memory, read_dims
+
+    try:
+        dims, source = read_dims(cfg.model.path)
+    except ConfigError as exc:
+        print(f"note: memory per GPU not checked: {exc.message}")
+        return
+    check_fits(plan_memory(cfg, dims, source), cfg, learner_only=learner_only)
 
 
 def cmd_launch_local(args: argparse.Namespace) -> int:

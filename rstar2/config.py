@@ -461,6 +461,12 @@ class ClusterConfig(_Section):
         "actors (joins a running cluster, else starts a local one); false: everything in the "
         "trainer's process.",
     )
+    gpu_memory_gib: float | None = Field(
+        None,
+        gt=0,
+        description="Memory of one GPU, for the memory plan (rstar2 layout, rstar2 launch); "
+        "None: 192 on rocm (MI300X), 80 on cuda (H100 80GB).",
+    )
     colocate: bool = Field(
         False,
         description="Learner and engines share the GPUs: engines sleep (KV cache and weights "

@@ -227,6 +227,8 @@ def test_the_14b_recipe_layout_is_planned_on_a_cpu(qwen3_14b_config: Path) -> No
     assert res.returncode == 0, res.stderr[-2000:]
     assert "64 ranks, TP=4 x PP=1 x DP=16; 14.77B parameters" in res.stdout  # Qwen3-14B: 14.8B
     assert "per rank by stage: 3.69B" in res.stdout
+    # the memory plan's own count of a rank's weights agrees: 3.69B x 2 bytes = 6.9 GiB
+    assert "learner: peak " in res.stdout and "= weights 6.9, grads 13.8," in res.stdout
     res = run_cli(
         "layout",
         "--config",

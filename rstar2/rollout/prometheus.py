@@ -15,6 +15,8 @@ Guarantees:
   dispatcher is watched, a scrape answers with no samples.
 - A port that cannot be bound raises :class:`OSError` from :meth:`MetricsEndpoint.start`;
   :meth:`close` stops the server and frees the port (idempotent).
+- ``GET`` (or ``HEAD``) ``/metrics`` (or ``/``) only: another method is 405, another path 404,
+  a query other than Prometheus's own ``name[]`` filter 400, each with one line.
 
 Metric names (``engine`` label: the engine slot, "0", "1", ...):
 ``rstar2_engine_up``, ``rstar2_engine_kv_used_ratio``, ``rstar2_engine_kv_reserved_ratio``,
@@ -28,8 +30,10 @@ Metric names (``engine`` label: the engine slot, "0", "1", ...):
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -120,6 +124,37 @@ def _scheduler_families(live: LiveView) -> Iterator[Metric]:
         yield CounterMetricFamily(f"rstar2_scheduler_{name}", what, value=value)
 
 
+_App = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _only_metrics(app: _App) -> _App:
+    """``app`` behind the checks the module docstring lists."""
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        def refuse(status: str, line: str, *headers: tuple[str, str]) -> list[bytes]:
+            start_response(status, [("Content-Type", "text/plain; charset=utf-8"), *headers])
+            return [f"{line}\n".encode()]
+
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            return refuse("405 Method Not Allowed", "only GET /metrics", ("Allow", "GET, HEAD"))
+        if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
+            return refuse("404 Not Found", "only GET /metrics")
+        unknown = set(parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True))
+        unknown -= {"name[]"}
+        if unknown:
+            return refuse("400 Bad Request", f"unknown query: {', '.join(sorted(unknown))}")
+        return app(environ, start_response)
+
+    return guarded
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log on stderr (the trainer's console)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
 class MetricsEndpoint:
     """One HTTP server thread serving ``/metrics`` (see the module docstring)."""
 
@@ -132,12 +167,18 @@ class MetricsEndpoint:
     @classmethod
     def start(cls, port: int, addr: str = "0.0.0.0") -> MetricsEndpoint:
         """Serve on ``addr``:``port`` (0: a free port); OSError when it cannot be bound."""
-        from prometheus_client import start_http_server
+        from wsgiref.simple_server import make_server
+
+        from prometheus_client import make_wsgi_app
+        from prometheus_client.exposition import ThreadingWSGIServer
 
         collector = _LiveCollector()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
-        server, thread = start_http_server(port, addr=addr, registry=registry)
+        app = _only_metrics(make_wsgi_app(registry))
+        server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
         return cls(server, thread, collector)
 
     def watch(self, metrics: SchedMetrics | None) -> None:

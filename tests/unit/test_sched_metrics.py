@@ -199,6 +199,32 @@ def test_the_endpoint_serves_the_latest_poll_and_frees_its_port() -> None:
     again.close()
 
 
+def test_the_endpoint_answers_bad_requests_with_4xx_and_keeps_serving() -> None:
+    endpoint = MetricsEndpoint.start(0, addr="127.0.0.1")
+    base = f"http://127.0.0.1:{endpoint.port}"
+    try:
+        bad = {
+            ("POST", "/metrics"): 405,
+            ("PUT", "/metrics"): 405,
+            ("DELETE", "/"): 405,
+            ("GET", "/other"): 404,
+            ("GET", "/metrics?verbose=1"): 400,
+        }
+        for (method, path), status in bad.items():
+            request = urllib.request.Request(
+                base + path, data=b"{}" if method != "GET" else None, method=method
+            )
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(request, timeout=30)
+            assert err.value.code == status, (method, path)
+            assert err.value.read().decode().count("\n") == 1
+        with urllib.request.urlopen(f"{base}/metrics?name[]=rstar2_engine_up", timeout=30) as r:
+            assert r.status == 200  # Prometheus's own filter
+        assert _scrape(endpoint.port) == {}
+    finally:
+        endpoint.close()
+
+
 def _listening() -> socket.socket:
     sock = socket.socket()
     sock.bind(("0.0.0.0", 0))

@@ -4,8 +4,9 @@
                         [--trace FILE] [--FLAG VALUE ...]
 
 - rollout: the scheduling simulator (:mod:`scheduler.sim`) with the config's engines, policy and
-  stage budget on a paper-like trace (or ``--trace``), each engine's step cost from the MI300X
-  datasheet model or a measured ``--cost`` file scaled from the TP it was measured at (its
+  stage budget on a paper-like trace (or ``--trace``), each engine running at most
+  ``--engine-max-num-seqs`` requests at once (vLLM's ``max_num_seqs``) at a step cost from the
+  MI300X datasheet model or a measured ``--cost`` file scaled from the TP it was measured at (its
   ``tensor_parallel_size``; 1 when it has none, or ``--cost-tp``) to the engine's;
 - tool time: inside the rollout (trajectories wait on calls while others generate); shown as
   the mean per trajectory and its share of the critical path;

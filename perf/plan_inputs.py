@@ -20,6 +20,7 @@ SHAPES = {
     "Qwen/Qwen2.5-1.5B": DecoderShape(
         1536, 8960, 28, 12, 2, 128, 151936, tied=True, family="qwen2"
     ),
+    "Qwen/Qwen2.5-0.5B": DecoderShape(896, 4864, 24, 14, 2, 64, 151936, tied=True, family="qwen2"),
     "Qwen/Qwen2.5-14B": QWEN2_5_14B,
 }
 
@@ -93,8 +94,16 @@ DEFAULTS: dict[str, tuple[float | None, str, str]] = {
     "engine_step_overhead_s": (
         0.0,
         "s",
-        "the engine's host-side scheduling and sampling per step, on top of the datasheet "
-        "model (0: left out); ~0.0006 s fitted to vLLM 0.26 on one H100 by perf.rl_step_fit",
+        "the engine's time per step beyond the datasheet's reads and FLOPs (scheduling, input "
+        "preparation, torch sampling over the vocabulary, output processing; 0: left out); "
+        "~0.0022 s at 128 running sequences, fitted to vLLM 0.26 on one H100 by perf.rl_step_fit",
+    ),
+    "engine_max_num_seqs": (
+        128.0,
+        "seqs",
+        "vLLM's max_num_seqs, the requests an engine runs at once: rstar2.rollout.vllm_engine "
+        "sets none, and AsyncLLM's default (UsageContext.ENGINE_CONTEXT) is "
+        "SchedulerConfig.DEFAULT_MAX_NUM_SEQS, 128 in vLLM 0.26 and 0.32",
     ),
     "tp_efficiency": (
         0.8,
@@ -137,7 +146,7 @@ DEFAULTS: dict[str, tuple[float | None, str, str]] = {
         "s",
         "per layer per micro-batch, on top of the FLOPs at --learner-mfu (kernel launches, "
         "norms, the framework's host time; 0: the MFU absorbs them); fitted with "
-        "--learner-mfu by perf.rl_step_fit (one H100: ~0.0044 s at MFU ~0.69)",
+        "--learner-mfu by perf.rl_step_fit (three H100 steps: ~0.0043 s at MFU ~0.81)",
     ),
     "learner_tokens_per_s": (
         None,
@@ -145,17 +154,18 @@ DEFAULTS: dict[str, tuple[float | None, str, str]] = {
         "the whole learner's training tokens/s; unset: FLOPs at --learner-mfu of the peak",
     ),
     "ipc_gb_per_s": (
-        3.5,
+        3.1,
         "GB/s",
         "the colocated weight transfer through vLLM's packed sender and receiver (what "
-        "IpcSync uses): 3.49 fitted on one H100 with vLLM 0.26 by perf.rl_step_fit "
+        "IpcSync uses): 3.13 fitted on three H100 steps with vLLM 0.26 by perf.rl_step_fit "
         "(perf/results/rl-step); 0: --ipc-share-of-copy of a device copy",
     ),
     "ipc_layer_s": (
-        0.011,
+        0.010,
         "s",
         "per decoder layer per sync, on top of the bytes (the receiver's per-tensor work): "
-        "0.0108 fitted on one H100 with vLLM 0.26 by perf.rl_step_fit (perf/results/rl-step)",
+        "0.0100 fitted on three H100 steps with vLLM 0.26 by perf.rl_step_fit (all of 28 "
+        "layers: the steps' common intercept over 28; perf/results/rl-step)",
     ),
     "ipc_share_of_copy": (
         0.87,

@@ -42,7 +42,8 @@ def print_breakdown(
         else (args.trace or "paper-like trace")
     )
     print(
-        f"engine: {b.kv_tokens:,} KV tokens; step cost {cost.step_base_s * 1e3:.2f} ms + "
+        f"engine: {b.kv_tokens:,} KV tokens, at most {a['engine_max_num_seqs'].value:g} "
+        f"sequences a step; step cost {cost.step_base_s * 1e3:.2f} ms + "
         f"{cost.per_token_s * 1e6:.2f} us/token + {cost.per_kv_token_s * 1e9:.3f} ns/KV token "
         f"({source}); trajectories: {trace}"
     )

@@ -15,6 +15,7 @@ from perf.shapes import DecoderShape
 from scheduler.core import SchedulerSettings
 from scheduler.sim import simulate
 from scheduler.sim_model import SimSettings, StepCostModel
+from scheduler.state import Policy
 from scheduler.trace import TraceRow
 
 WEEK_S = 7 * 24 * 3600
@@ -53,8 +54,12 @@ def predict(
     rows: list[TraceRow],
     cost: StepCostModel,
     gpus: int,
+    *,
+    policy: Policy | None = None,
 ) -> Breakdown:
-    """The step breakdown (pure apart from the simulation it runs)."""
+    """The step breakdown (pure apart from the simulation it runs); ``policy``: the scheduler's
+    in place of the config's (``round_robin``: every request straight to its engine, as
+    :mod:`perf.rl_step_gpu` sends them)."""
     st = cfg.stages[stage]
     kv = engine_kv_tokens(a, shape, cfg)
     if kv <= 0:
@@ -67,9 +72,10 @@ def predict(
             kv_tokens=kv,
             max_response_tokens=st.max_response_tokens,
             default_tool_tokens=tool_tokens,
+            max_num_seqs=int(required(a, "engine_max_num_seqs")),
             cost=cost,
         ),
-        SchedulerSettings(policy=cfg.scheduler.policy),
+        SchedulerSettings(policy=policy or cfg.scheduler.policy),
     )
     tools = [sum(t.tool_latency_s or 0.0 for t in r.turns) for r in rows]
     verif_per_s = required(a, "reward_verif_per_s_per_core")

@@ -1,7 +1,7 @@
 """The plan's GPU step inputs fitted to measured real-shape steps (:mod:`perf.rl_step_gpu`
 results), so that a step at a shape it was not fitted on can be predicted before it runs.
 
-    python -m perf.rl_step_fit --measured A.json --measured B.json [--FLAG VALUE ...]
+    python -m perf.rl_step_fit --measured A.json --measured B.json [...] [--FLAG VALUE ...]
 
 Fitted, each from the measured phases (two steps at least; more: least squares):
 
@@ -9,13 +9,19 @@ Fitted, each from the measured phases (two steps at least; more: least squares):
   (per layer per micro-batch): time = FLOPs / (peak x MFU) + micro-batches x layers x overhead;
 - weight transfer: ``--ipc-gb-per-s`` and ``--ipc-layer-s``: time = bytes / rate + layers x cost;
 - ``--wake-s``: the mean of sleep, both wake-ups and the learner's cache release;
-- the engine: ``--engine-step-overhead-s`` (host time per engine step) and
-  ``--engine-prefill-mfu`` (the per-token GEMMs' share of peak) that bring the simulated
-  rollouts to the measured ones: the simulated makespan is linear in both where the schedule
-  does not change (fixed-length trajectories), so three simulations per step give its slopes
-  and the fit is the same least squares; the fitted inputs are simulated once more to check.
+- the engine: ``--engine-step-overhead-s``, the time per engine step beyond the datasheet's
+  weight and KV reads and FLOPs, that brings the simulated rollouts to the measured ones. The
+  rollout is simulated as the benchmark runs it (every request sent to its one engine at once:
+  no scheduler, vLLM's own batch limit ``--engine-max-num-seqs`` and KV space); the makespan is
+  linear in the overhead where the schedule does not change (fixed-length trajectories), so two
+  simulations per step give its slope and the fit is least squares over the steps.
+  ``--engine-prefill-mfu`` is an input, not fitted: every measured step decodes full batches
+  of 128 (vLLM's default limit) and prefills ~2% of its tokens, so their times cannot tell the
+  GEMMs' efficiency from the per-step overhead (fitting both gives a negative overhead).
 
-Prints the flags, ready for ``python -m perf.plan``; every other input stays as given.
+Prints the flags, ready for ``python -m perf.plan``, then for each step measured / predicted
+with the fitted inputs for each part (rollout, learner, sync, step): with more steps than
+terms these are the fit's residuals. Every other input stays as given.
 """
 
 from __future__ import annotations
@@ -31,9 +37,15 @@ from typing import Any
 
 from perf.plan_engine import dtype_bytes, engine_cost
 from perf.plan_inputs import Assumption, add_flags, assumptions, model_shape, required
-from perf.plan_step import predict
+from perf.plan_step import Breakdown, predict
 from perf.shapes import DecoderShape
+from scheduler.state import Policy
 from scheduler.trace import load_trace
+
+# perf.rl_step_gpu sends every request to its one engine at once: no scheduler in between
+BENCHMARK_POLICY: Policy = "round_robin"
+# the measured phases the plan's --wake-s stands for (the transfer is priced apart)
+WAKE_PHASES = ("sleep", "wake_weights", "release_learner", "wake_kv")
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,13 @@ class Measured:
         return cls(cfg, model_shape(cfg), trace, phases, int(data["sync_bytes"]))
 
 
+def _predict(m: Measured, a: dict[str, Assumption]) -> Breakdown:
+    """The plan's breakdown of the measured step as the benchmark ran it."""
+    cost = engine_cost(a, m.shape, 1, None, nbytes=dtype_bytes(m.cfg))
+    rows = load_trace(m.trace)
+    return predict(m.cfg, 0, a, m.shape, rows, cost, 1, policy=BENCHMARK_POLICY)
+
+
 def _solve2(rows: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
     """Least squares of y = a x1 + b x2 over (x1, x2, y) rows (two at least)."""
     s11 = sum(x1 * x1 for x1, _, _ in rows)
@@ -78,7 +97,7 @@ def _learner_rows(
     peak = required(a, "peak_tflops") * 1e12
     rows: list[tuple[float, float, float]] = []
     for m in steps:
-        b = predict(m.cfg, 0, a, m.shape, load_trace(m.trace), engine_cost(a, m.shape, 1, None), 1)
+        b = _predict(m, a)
         mean = b.learner_tokens / b.trajectories
         flops = m.shape.train_flops_per_token(mean) * b.learner_tokens
         per_micro = max(1, int(m.cfg.learner.micro_batch_tokens_per_gpu // mean))
@@ -95,25 +114,16 @@ def _with(a: dict[str, Assumption], **values: float) -> dict[str, Assumption]:
     return out
 
 
-def _rollout_s(m: Measured, a: dict[str, Assumption]) -> float:
-    cost = engine_cost(a, m.shape, 1, None, nbytes=dtype_bytes(m.cfg))
-    return predict(m.cfg, 0, a, m.shape, load_trace(m.trace), cost, 1).rollout_s
-
-
-def _engine_fit(steps: list[Measured], a: dict[str, Assumption]) -> tuple[float, float]:
-    """(host seconds per step, prefill MFU) of the engine."""
+def _engine_fit(steps: list[Measured], a: dict[str, Assumption]) -> float:
+    """The engine's time per step beyond the datasheet model (seconds)."""
     base = _with(a, engine_step_overhead_s=0.0)
-    inv0 = 1 / required(a, "engine_prefill_mfu")
-    d_host, d_inv = 1e-3, 0.1 * inv0
+    step = 1e-3
+    bumped = _with(a, engine_step_overhead_s=step)
     rows = []
     for m in steps:
-        m0 = _rollout_s(m, base)
-        per_host = (_rollout_s(m, _with(base, engine_step_overhead_s=d_host)) - m0) / d_host
-        bumped = _with(base, engine_prefill_mfu=1 / (inv0 + d_inv))
-        per_inv = (_rollout_s(m, bumped) - m0) / d_inv
-        rows.append((per_host, per_inv, m.phases_s["rollout"] - m0 + inv0 * per_inv))
-    host, inv = _solve2(rows)
-    return host, 1 / inv
+        r0 = _predict(m, base).rollout_s
+        rows.append(((_predict(m, bumped).rollout_s - r0) / step, m.phases_s["rollout"] - r0))
+    return sum(x * y for x, y in rows) / sum(x * x for x, _ in rows)
 
 
 def fit(steps: list[Measured], a: dict[str, Assumption]) -> dict[str, float]:
@@ -123,28 +133,34 @@ def fit(steps: list[Measured], a: dict[str, Assumption]) -> dict[str, float]:
         (m.shape.weight_bytes(dtype_bytes(m.cfg)) / 1e9, m.shape.layers, m.phases_s["transfer"])
         for m in steps
     ]
-    # both measured shapes may have the same depth: the per-layer term is then fitted as what
-    # the bytes leave over (the intercept, spread over the layers)
+    # the measured shapes may all have the same depth: the per-layer term is then fitted as
+    # what the bytes leave over (the intercept, spread over the layers)
     if len({layers for _, layers, _ in ipc}) == 1:
         layers = ipc[0][1]
         s_per_gb, fixed = _solve2([(gb, 1.0, t) for gb, _, t in ipc])
         ipc_layer_s = fixed / layers
     else:
         s_per_gb, ipc_layer_s = _solve2(ipc)
-    wake = [
-        sum(m.phases_s.get(p, 0.0) for p in ("sleep", "wake_weights", "release_learner", "wake_kv"))
-        for m in steps
-    ]
-    host, mfu = _engine_fit(steps, a)
+    wake = [sum(m.phases_s.get(p, 0.0) for p in WAKE_PHASES) for m in steps]
     return {
         "learner_mfu": 1 / inv_mfu,
         "learner_layer_overhead_s": layer_s,
         "ipc_gb_per_s": 1 / s_per_gb,
         "ipc_layer_s": ipc_layer_s,
         "wake_s": sum(wake) / len(wake),
-        "engine_step_overhead_s": host,
-        "engine_prefill_mfu": mfu,
+        "engine_step_overhead_s": _engine_fit(steps, a),
     }
+
+
+def residuals(m: Measured, a: dict[str, Assumption]) -> dict[str, float]:
+    """Measured / predicted per part (rollout, learner, sync) and for the step (their sum)."""
+    b = _predict(m, a)
+    assert b.learner_s is not None and b.sync_s is not None  # a GPU step: both modelled
+    sync = m.phases_s["transfer"] + sum(m.phases_s.get(p, 0.0) for p in WAKE_PHASES)
+    measured = {"rollout": m.phases_s["rollout"], "learner": m.phases_s["learn"], "sync": sync}
+    predicted = {"rollout": b.rollout_s, "learner": b.learner_s, "sync": b.sync_s}
+    measured["step"], predicted["step"] = sum(measured.values()), sum(predicted.values())
+    return {part: measured[part] / predicted[part] for part in measured}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     print(" ".join(f"--{k.replace('_', '-')} {v:.4g}" for k, v in fitted.items()))
     check = _with(a, **fitted)
     for m, path in zip(steps, args.measured, strict=True):
-        ratio = m.phases_s["rollout"] / _rollout_s(m, check)
-        print(f"{path}: rollout measured / simulated with the fit {ratio:.3f}")
+        ratios = "  ".join(f"{k} {v:.3f}" for k, v in residuals(m, check).items())
+        print(f"{path}: measured / predicted with the fit: {ratios}")
     return 0
 
 

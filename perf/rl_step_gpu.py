@@ -146,16 +146,21 @@ async def _step(
 
     spans: dict[str, tuple[float, float]] = {}
     t0 = time.perf_counter()
-    gens = await asyncio.gather(
-        *(
-            engine.generate(
-                p,
-                SamplingSettings(max_tokens=response, seed=seed + i, ignore_eos=True),
+    watch = asyncio.create_task(_watch_engine(engine))
+    try:
+        gens = await asyncio.gather(
+            *(
+                engine.generate(
+                    p,
+                    SamplingSettings(max_tokens=response, seed=seed + i, ignore_eos=True),
+                )
+                for i, p in enumerate(prompts)
             )
-            for i, p in enumerate(prompts)
         )
-    )
+    finally:
+        watch.cancel()
     spans["rollout"] = (t0, time.perf_counter())
+    engine_seen = await asyncio.gather(watch, return_exceptions=True)
     generated = sum(len(g.token_ids) for g in gens)
     seqs = [
         TrainSequence(
@@ -185,7 +190,29 @@ async def _step(
         "sync_bytes": stats.bytes,
         "sync_buckets": stats.buckets,
         "transfer_gb_per_s": round(stats.gb_per_s, 2),
+        # what the plan assumes of the engine (perf.plan's --engine-max-num-seqs, its KV space)
+        "engine_seen": _seen(engine_seen[0]),
     }
+
+
+async def _watch_engine(engine: Any, every_s: float = 0.25) -> dict[str, int]:
+    """The engine's KV capacity and the most requests it ran and held waiting at once, from its
+    stats polls, until cancelled."""
+    seen = {"kv_capacity_tokens": 0, "max_running": 0, "max_waiting": 0, "preemptions": 0}
+    try:
+        while True:
+            st = engine.kv_stats()
+            seen["kv_capacity_tokens"] = max(seen["kv_capacity_tokens"], st.capacity_tokens)
+            seen["max_running"] = max(seen["max_running"], st.num_running)
+            seen["max_waiting"] = max(seen["max_waiting"], st.num_waiting)
+            seen["preemptions"] = max(seen["preemptions"], st.num_preemptions)
+            await asyncio.sleep(every_s)
+    except asyncio.CancelledError:
+        return seen
+
+
+def _seen(result: object) -> dict[str, int] | str:
+    return result if isinstance(result, dict) else f"not seen: {result!r}"
 
 
 async def _run(cfg: Any, args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:

@@ -46,6 +46,7 @@ def step_figures(step: dict[str, Any], samples: Sequence[tuple[float, int]]) -> 
         "generated_tokens": step["generated_tokens"],
         "trained_tokens": step["trained_tokens"],
         "transfer_gb_per_s": step["transfer_gb_per_s"],
+        "engine_seen": step.get("engine_seen"),  # KV capacity, most running/waiting at once
     }
 
 

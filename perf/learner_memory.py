@@ -24,7 +24,8 @@ def measure(tokens: int, checkpointing: bool) -> dict[str, Any]:
     from transformers import Qwen3Config
 
     from rstar2.config_io import load_config
-    from rstar2.memory_plan import GIB, ModelDims, plan_memory
+    from rstar2.memory_plan import GIB, plan_memory
+    from rstar2.model_shapes import DecoderShape
 
     device_gib = torch.cuda.get_device_properties(0).total_memory / GIB
     cfg = load_config(
@@ -36,7 +37,7 @@ def measure(tokens: int, checkpointing: bool) -> dict[str, Any]:
             f"cluster.gpu_memory_gib={device_gib:.2f}",
         ],
     )
-    predicted = plan_memory(cfg, ModelDims.from_hf(dict(QWEN3_1_7B))).learner.peak / GIB
+    predicted = plan_memory(cfg, DecoderShape.from_hf_config(dict(QWEN3_1_7B))).learner.peak / GIB
     _fresh()
     measured: float | None
     try:

@@ -22,67 +22,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rstar2.config import Config, ConfigError, MegatronLearnerConfig
-from rstar2.model_shapes import KNOWN_SHAPES
+from rstar2.model_shapes import KNOWN_SHAPES, DecoderShape
 
 GIB = 2**30
 DEVICE_GIB = {"rocm": 192.0, "cuda": 80.0}  # MI300X, H100 80GB
 
 
-@dataclass(frozen=True)
-class ModelDims:
-    """A dense decoder's dimensions (Qwen2/Qwen3, Llama)."""
-
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool
-
-    @classmethod
-    def from_hf(cls, config: dict[str, Any]) -> ModelDims:
-        heads = int(config["num_attention_heads"])
-        hidden = int(config["hidden_size"])
-        return cls(
-            hidden=hidden,
-            intermediate=int(config["intermediate_size"]),
-            layers=int(config["num_hidden_layers"]),
-            heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            vocab=int(config["vocab_size"]),
-            tied=bool(config.get("tie_word_embeddings", False)),
-        )
-
-    @property
-    def layer_params(self) -> int:
-        qkv = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
-        return qkv + self.heads * self.head_dim * self.hidden + 3 * self.hidden * self.intermediate
-
-    @property
-    def params(self) -> int:
-        """Every weight (norms and biases left out: a rounding error)."""
-        return self.layers * self.layer_params + self.vocab * self.hidden * (1 if self.tied else 2)
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """bf16 K and V of every layer."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * 2
-
-
-def read_dims(model_path: str) -> tuple[ModelDims, str]:
+def read_dims(model_path: str) -> tuple[DecoderShape, str]:
     """The model's dimensions and where they came from: ``model_path``'s config.json, else
     the known shape of a hub id (saying so); ConfigError naming ``model.path`` otherwise."""
     config_file = Path(model_path) / "config.json"
     if config_file.is_file():
-        return ModelDims.from_hf(json.loads(config_file.read_text())), str(config_file)
+        return DecoderShape.from_hf_config(json.loads(config_file.read_text())), str(config_file)
     if model_path in KNOWN_SHAPES:
-        return ModelDims.from_hf(KNOWN_SHAPES[model_path]), (
+        return DecoderShape.from_hf_config(KNOWN_SHAPES[model_path]), (
             f"the known shape of {model_path} (no config.json here)"
         )
     known = ", ".join(KNOWN_SHAPES)
@@ -127,7 +82,7 @@ def device_bytes(cfg: Config) -> float:
     return gib * GIB
 
 
-def plan_memory(cfg: Config, dims: ModelDims, shape_source: str = "") -> MemoryPlan:
+def plan_memory(cfg: Config, dims: DecoderShape, shape_source: str = "") -> MemoryPlan:
     learner = _learner_phase(cfg, dims)
     state = sum(b for name, b in learner.parts if name in _STATE_PARTS)
     return MemoryPlan(device_bytes(cfg), learner, _rollout_phase(cfg, dims, state), shape_source)
@@ -136,7 +91,7 @@ def plan_memory(cfg: Config, dims: ModelDims, shape_source: str = "") -> MemoryP
 _STATE_PARTS = ("weights", "grads", "optimizer")
 
 
-def _learner_phase(cfg: Config, dims: ModelDims) -> Phase:
+def _learner_phase(cfg: Config, dims: DecoderShape) -> Phase:
     section = cfg.learner
     tokens = section.micro_batch_tokens_per_gpu
     if isinstance(section, MegatronLearnerConfig):
@@ -158,9 +113,9 @@ def _learner_phase(cfg: Config, dims: ModelDims) -> Phase:
         ranks = section.num_ranks
         # FSDP2: fp32 parameters, gradients and Adam moments sharded over the ranks, plus one
         # layer gathered whole (and the next prefetched) in bf16 for compute
-        weights = 4 * dims.params / ranks + 2 * 2 * dims.layer_params
-        grads, optimizer = 4 * dims.params / ranks, 8 * dims.params / ranks
-        params = dims.params / ranks
+        weights = 4 * dims.weight_params / ranks + 2 * 2 * dims.layer_params
+        grads, optimizer = 4 * dims.weight_params / ranks, 8 * dims.weight_params / ranks
+        params = dims.weight_params / ranks
         backend = f"torch FSDP2 over {ranks} ranks"
     activations = _activation_bytes(dims, tokens, tp, sp, layers, section.activation_checkpointing)
     activations *= in_flight
@@ -190,7 +145,7 @@ def _padded_vocab(vocab: int, tp: int) -> int:
 
 
 def _activation_bytes(
-    dims: ModelDims, tokens: int, tp: int, sp: bool, layers: int, checkpointing: bool
+    dims: DecoderShape, tokens: int, tp: int, sp: bool, layers: int, checkpointing: bool
 ) -> float:
     """bf16 tensors one layer keeps for its backward, per token: the norms' inputs and
     outputs and the residual stream (5 x hidden, split over TP with sequence parallel), q, k,
@@ -207,11 +162,11 @@ def _activation_bytes(
     return tokens * (2 * hidden * layers + per_layer)
 
 
-def _rollout_phase(cfg: Config, dims: ModelDims, learner_state: float) -> Phase:
+def _rollout_phase(cfg: Config, dims: DecoderShape, learner_state: float) -> Phase:
     r, c = cfg.rollout, cfg.cluster
     device = device_bytes(cfg)
     reserve = r.gpu_memory_utilization * device
-    weights = 2 * dims.params / r.tensor_parallel_size
+    weights = 2 * dims.weight_params / r.tensor_parallel_size
     kv = max(0.0, reserve - weights)
     kv_tokens = kv * r.tensor_parallel_size / dims.kv_bytes_per_token
     offload = getattr(cfg.learner, "offload_while_generating", False)

@@ -9,12 +9,12 @@ import pytest
 
 from rstar2.cli import EXIT_USER_ERROR, main
 from rstar2.config_io import load_config
-from rstar2.memory_plan import GIB, ModelDims, plan_memory
-from rstar2.model_shapes import QWEN3_1_7B, QWEN3_14B
+from rstar2.memory_plan import GIB, plan_memory
+from rstar2.model_shapes import QWEN3_1_7B, QWEN3_14B, DecoderShape
 from tests.conftest import REPO
 
 PAPER = str(REPO / "configs" / "rstar2_14b_mi300x.yaml")
-SMALL = ModelDims.from_hf(QWEN3_1_7B)
+SMALL = DecoderShape.from_hf_config(QWEN3_1_7B)
 
 
 def _learner(*overrides: str) -> dict[str, float]:
@@ -25,7 +25,7 @@ def _learner(*overrides: str) -> dict[str, float]:
 
 def test_the_learner_state_is_18_bytes_a_parameter_and_the_optimizer_shards_over_dp() -> None:
     one = _learner()
-    assert one["weights"] + one["grads"] + one["optimizer"] == pytest.approx(18 * SMALL.params)
+    assert one["weights"] + one["grads"] + one["optimizer"] == pytest.approx(18 * SMALL.weight_params)
     four = _learner("learner.num_ranks=4", "cluster.ray=true")
     assert four["optimizer"] == pytest.approx(one["optimizer"] / 4)
     assert four["weights"] == one["weights"]
@@ -49,7 +49,7 @@ def test_activations_grow_with_tokens_and_checkpointing_keeps_only_layer_inputs(
 def test_the_recipe_as_written_fits_its_mi300x_in_both_phases(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    plan = plan_memory(load_config(PAPER), ModelDims.from_hf(QWEN3_14B))
+    plan = plan_memory(load_config(PAPER), DecoderShape.from_hf_config(QWEN3_14B))
     assert plan.device_bytes == 192 * GIB
     assert plan.learner.peak < plan.rollout.peak < plan.device_bytes
     rollout = dict(plan.rollout.parts)

@@ -14,6 +14,8 @@ same next step; a PP=2 learner loads the same checkpoint, gives its log-probs an
 checkpoint-dp: the same at DP=2 (see :func:`checkpoint_data_parallel`).
 spread: at PP=2, then TP=2, what each rank hands vLLM's IPC sender (``weights_on_this_rank``)
 and rank 0's full weights.
+jobs OUT.pt SPEC_JSON: several of these in one set of rank processes (:func:`jobs`), so a test
+module pays the processes' start once.
 Rank 0 writes the results to OUT.pt.
 """
 
@@ -201,16 +203,45 @@ def spread(model_dir: str) -> dict[str, object]:
     return out
 
 
-def main(argv: list[str]) -> None:
-    mode, model_dir, out = argv[:3]
+def job(mode: str, model_dir: str, *args: str) -> dict[str, object]:
+    """One run of ``mode`` (the module docstring's modes and their arguments)."""
     if mode == "parity":
-        results = parity(model_dir, int(argv[3]), int(argv[4]), argv[5:] == ["sp"])
-    elif mode == "spread":
-        results = spread(model_dir)
-    elif mode == "checkpoint":
-        results = checkpoint(model_dir, argv[3])
+        return parity(model_dir, int(args[0]), int(args[1]), list(args[2:]) == ["sp"])
+    if mode == "spread":
+        return spread(model_dir)
+    if mode == "checkpoint":
+        return checkpoint(model_dir, args[0])
+    if mode == "checkpoint-dp":
+        return checkpoint_data_parallel(model_dir, args[0])
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def jobs(spec: str) -> dict[str, object]:
+    """Several runs in these processes, one after another (megatron's model-parallel state torn
+    down between them): ``spec`` is a JSON object, a name for each run's argument list. A run
+    that raises on every rank is recorded as ``{"error": its traceback}`` and the next one runs;
+    the results are by name."""
+    import json
+    import traceback
+
+    from megatron.core import parallel_state as ps
+
+    out: dict[str, object] = {}
+    for name, argv in json.loads(spec).items():
+        try:
+            out[name] = job(*argv)
+        except Exception:
+            out[name] = {"error": traceback.format_exc()}
+        ps.destroy_model_parallel()
+        dist.barrier()
+    return out
+
+
+def main(argv: list[str]) -> None:
+    if argv[0] == "jobs":  # jobs OUT.pt SPEC_JSON
+        out, results = argv[1], jobs(argv[2])
     else:
-        results = checkpoint_data_parallel(model_dir, argv[3])
+        out, results = argv[2], job(argv[0], argv[1], *argv[3:])
     if dist.get_rank() == 0:
         torch.save(results, out)
     dist.barrier()

@@ -194,6 +194,7 @@ async def test_ignore_eos_generates_exactly_max_tokens_and_the_engine_cost_fits(
     """perf.engine_cost's premise (exact lengths), its fit on this engine, and its refusal of
     batches the engine's KV cannot hold (they would queue, and the wait read as step cost)."""
     import json
+    import statistics
 
     from perf.engine_cost import _parser, measure
 
@@ -218,11 +219,13 @@ async def test_ignore_eos_generates_exactly_max_tokens_and_the_engine_cost_fits(
     assert all(v > 0 for v in cost.values())
     steps = measured["raw"]["decode_step_s_by_batch"]
     assert set(steps) == {"1", "4", "16"}
-    # the fitted line passes near the points it was fitted to
+    # the line is the least-squares line of the timed points (how near the points it passes
+    # depends on the machine's load: the benchmark prints that, a test cannot hold it)
     slope = measured["raw"]["decode_slope_s"]
-    for b, t in steps.items():
-        fitted = cost["step_base_s"] + slope * int(b)
-        assert fitted == pytest.approx(t, rel=0.5)
+    fit = statistics.linear_regression([int(b) for b in steps], list(steps.values()))
+    assert slope == pytest.approx(fit.slope, rel=1e-9, abs=1e-15)
+    if "step_base_s" not in measured["floored"]:
+        assert cost["step_base_s"] == pytest.approx(fit.intercept, rel=1e-9, abs=1e-15)
     # the decode token's own price leaves out its KV read (16 prompt tokens + 3.5 generated,
     # on average over the 8 steps), which the simulator prices at per_kv_token_s
     own = max(slope - cost["per_kv_token_s"] * (16 + 3.5), 1e-12)

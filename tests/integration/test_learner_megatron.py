@@ -1,10 +1,12 @@
 """The megatron backend against the torch backend on the same HF weights and batch (CPU, gloo,
 fp32, a tiny Qwen3 with q/k norms and grouped-query attention), at TP=2, PP=2 and TP=2 x PP=2,
 for every loss aggregation: log-probs, the loss and its metrics, the gradients, and the weights
-after one AdamW step. megatron-core runs on CPU through tests/helpers/megatron_cpu.py."""
+after one AdamW step. megatron-core runs on CPU through tests/helpers/megatron_cpu.py; every
+two-rank run of the module shares one pair of rank processes (the ``two_ranks`` fixture)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -106,16 +108,45 @@ def _torchrun(ranks: int, *args: object) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+@pytest.fixture(scope="module")
+def two_ranks(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every two-rank run of this module, by name, from one pair of rank processes (each start
+    imports torch and megatron-core: one start instead of eight). A run that failed is
+    ``{"error": traceback}``; its test fails with it, the others still check theirs."""
+    root = tmp_path_factory.mktemp("megatron-two-ranks")
+    spec: dict[str, list[str]] = {
+        f"parity-{layout}": ["parity", str(models[kind]), str(tp), str(pp), *(["sp"] if sp else [])]
+        for layout, (tp, pp, ranks, kind, sp) in LAYOUTS.items()
+        if ranks == 2
+    }
+    spec["checkpoint"] = ["checkpoint", str(models["qwen3-tied"]), str(root / "ckpt")]
+    spec["checkpoint-dp"] = ["checkpoint-dp", str(models["qwen3"]), str(root / "ckpt-dp")]
+    spec["spread"] = ["spread", str(models["qwen3-tied"])]
+    _torchrun(2, "jobs", root / "results.pt", json.dumps(spec))
+    return torch.load(root / "results.pt", weights_only=False)
+
+
+def _result(runs: dict, name: str) -> dict:
+    got = runs[name]
+    assert "error" not in got, got.get("error")
+    return got
+
+
 def _gap(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for s, t in zip(a, b, strict=True) for x, y in zip(s, t, strict=True))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_megatron_equals_the_torch_backend(layout: str, models, tmp_path: Path) -> None:
+def test_megatron_equals_the_torch_backend(
+    layout: str, models, two_ranks: dict, tmp_path: Path
+) -> None:
     tp, pp, ranks, kind, sp = LAYOUTS[layout]
-    out = tmp_path / "megatron.pt"
-    _torchrun(ranks, "parity", models[kind], out, tp, pp, *(["sp"] if sp else []))
-    runs = torch.load(out, weights_only=False)
+    if ranks == 2:
+        runs = _result(two_ranks, f"parity-{layout}")
+    else:
+        out = tmp_path / "megatron.pt"
+        _torchrun(ranks, "parity", models[kind], out, tp, pp, *(["sp"] if sp else []))
+        runs = torch.load(out, weights_only=False)
     _check_sft(runs["sft"], models[kind])
     for agg in AGGREGATIONS:
         got, ref = runs[agg], _reference(models[kind], agg)
@@ -172,12 +203,8 @@ def _check_sft(got: dict[str, object], model: Path) -> None:
     assert far <= 1e-3 * total, f"{far} of {total} weights differ after the SFT step"
 
 
-def test_a_checkpoint_resumes_bit_exactly_and_loads_at_another_layout(
-    models, tmp_path: Path
-) -> None:
-    out = tmp_path / "checkpoint.pt"
-    _torchrun(2, "checkpoint", models["qwen3-tied"], out, tmp_path / "ckpt")
-    got = torch.load(out, weights_only=False)
+def test_a_checkpoint_resumes_bit_exactly_and_loads_at_another_layout(two_ranks: dict) -> None:
+    got = _result(two_ranks, "checkpoint")
     going_on, resumed, resharded = got["going_on"], got["resumed"], got["resharded"]
     assert resumed["step"] == 1
     assert resumed["metrics"] == going_on["metrics"]  # bit for bit: every float equal
@@ -197,10 +224,8 @@ def test_a_checkpoint_resumes_bit_exactly_and_loads_at_another_layout(
     )
 
 
-def test_a_data_parallel_checkpoint_resumes_bit_exactly(models, tmp_path: Path) -> None:
-    out = tmp_path / "checkpoint.pt"
-    _torchrun(2, "checkpoint-dp", models["qwen3"], out, tmp_path / "ckpt")
-    got = torch.load(out, weights_only=False)
+def test_a_data_parallel_checkpoint_resumes_bit_exactly(two_ranks: dict) -> None:
+    got = _result(two_ranks, "checkpoint-dp")
     assert got["resumed"]["metrics"] == got["going_on"]["metrics"]
     for name, w in got["going_on"]["weights"].items():
         assert torch.equal(got["resumed"]["weights"][name], w), name
@@ -261,12 +286,10 @@ def test_a_plan_counts_every_parameter_once_per_stage(qwen3_14b_config: Path) ->
         plan_learner(section.model_copy(update={"tensor_parallel_size": 3}), hf, world_size=3)
 
 
-def test_every_rank_holds_each_bucket_in_step_for_colocated_ipc(models, tmp_path: Path) -> None:
+def test_every_rank_holds_each_bucket_in_step_for_colocated_ipc(two_ranks: dict) -> None:
     """At PP=2 and at TP=2 both ranks get the same buckets and, broadcast from rank 0 bucket by
     bucket, every full tensor (what each rank's vLLM IPC sender maps to its engine worker)."""
-    out = tmp_path / "spread.pt"
-    _torchrun(2, "spread", models["qwen3-tied"], out)
-    for layout, got in torch.load(out, weights_only=False).items():
+    for layout, got in _result(two_ranks, "spread").items():
         first, second = got["ranks"]
         assert first["buckets"] == second["buckets"] > 2, layout
         assert first["held_here"] and not second["held_here"], layout  # rank 1: broadcast

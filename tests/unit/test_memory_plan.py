@@ -25,7 +25,9 @@ def _learner(*overrides: str) -> dict[str, float]:
 
 def test_the_learner_state_is_18_bytes_a_parameter_and_the_optimizer_shards_over_dp() -> None:
     one = _learner()
-    assert one["weights"] + one["grads"] + one["optimizer"] == pytest.approx(18 * SMALL.weight_params)
+    assert one["weights"] + one["grads"] + one["optimizer"] == pytest.approx(
+        18 * SMALL.weight_params
+    )
     four = _learner("learner.num_ranks=4", "cluster.ray=true")
     assert four["optimizer"] == pytest.approx(one["optimizer"] / 4)
     assert four["weights"] == one["weights"]

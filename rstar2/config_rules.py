@@ -69,12 +69,16 @@ def _check_gpu_counts(cfg: Config) -> None:
     need = cfg.learner.num_ranks + (0 if c.colocate else engine_gpus)
     have = c.num_nodes * c.gpus_per_node
     if need > have:
-        engines = "" if c.colocate else f" and {engine_gpus} engine GPUs"
+        engines = "" if c.colocate else f" and {_count(engine_gpus, 'engine GPU')}"
         raise ConfigError(
             "cluster.num_nodes",
-            f"{cfg.learner.num_ranks} learner ranks{engines} need {need} GPUs; "
+            f"{_count(cfg.learner.num_ranks, 'learner rank')}{engines} need {need} GPUs; "
             f"cluster.num_nodes x cluster.gpus_per_node = {c.num_nodes} x {c.gpus_per_node}",
         )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def check_placement(cfg: Config) -> None:

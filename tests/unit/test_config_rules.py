@@ -157,3 +157,11 @@ def test_the_recipe_as_written_passes_and_fills_its_64_gpus() -> None:
     one_more = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"num_ranks": 65})})
     with pytest.raises(ConfigError):
         check_launch(Config.model_validate(one_more.model_dump()), ray_job=True)
+
+
+def test_the_gpu_count_message_counts_in_words() -> None:
+    one_each = [RAY, "cluster.gpus_per_node=1", "learner.num_ranks=1", "rollout.num_engines=1"]
+    with pytest.raises(ConfigError) as err:
+        load_config(None, one_each)
+    assert err.value.key == "cluster.num_nodes"
+    assert "1 learner rank and 1 engine GPU need 2 GPUs;" in str(err.value)

@@ -26,12 +26,6 @@ if [[ $# -gt 0 ]]; then
   exec pytest -q "$@"
 fi
 : >"$RSTAR2_DURATIONS_FILE"
-# one OpenMP (torch intra-op) thread per process: the gate runs two workers, each starting
-# engines, learners and rank processes, on two cores, and their spinning OpenMP teams cost more
-# CPU than they save (three integration modules: 203 s -> 117 s, 371 -> 217 CPU-s). The toy
-# recipe's learning check keeps the user's default (tests/integration/test_toy_ahead.py)
-export RSTAR2_USER_OMP_NUM_THREADS="${OMP_NUM_THREADS:-}"
-export OMP_NUM_THREADS="${RSTAR2_TEST_OMP_THREADS:-1}"
 if [[ "${RSTAR2_TEST_WORKERS:-2}" -gt 1 ]]; then
   pytest -q --durations=25 -n "${RSTAR2_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
     -m "not serial and not full" --junitxml="$results/junit-parallel.xml"
@@ -40,11 +34,6 @@ else
   pytest -q --durations=25 -m "not full" --junitxml="$results/junit.xml"
 fi
 echo "test durations: $RSTAR2_DURATIONS_FILE"
-if [[ -n "$RSTAR2_USER_OMP_NUM_THREADS" ]]; then
-  export OMP_NUM_THREADS="$RSTAR2_USER_OMP_NUM_THREADS"
-else
-  unset OMP_NUM_THREADS
-fi
 # the benchmarks as a smoke test (no timing gate): each micro benchmark once, the quick suite
 pytest -q -p no:cacheprovider perf --benchmark-disable
 python -m perf run --quick --out "$(mktemp -d)"

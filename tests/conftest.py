@@ -49,18 +49,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def run_cli(
-    *args: str,
-    cwd: Path | None = None,
-    timeout: float = 120,
-    env: dict[str, str | None] | None = None,
+    *args: str, cwd: Path | None = None, timeout: float = 120, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m rstar2.cli ARGS` in a subprocess, the way a user runs `rstar2`; ``env``
-    adds to this process's environment (a None value removes the variable)."""
-    merged = {**os.environ, **(env or {})}
+    """Run `python -m rstar2.cli ARGS` in a subprocess, the way a user runs `rstar2`."""
     return subprocess.run(
         [sys.executable, "-m", "rstar2.cli", *args],
         cwd=cwd or REPO,
-        env={k: v for k, v in merged.items() if v is not None},
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

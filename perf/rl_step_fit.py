@@ -38,6 +38,7 @@ from typing import Any
 from perf.plan_engine import dtype_bytes, engine_cost
 from perf.plan_inputs import Assumption, add_flags, assumptions, model_shape, required
 from perf.plan_step import Breakdown, predict
+from perf.rl_step_report import SYNC_PHASES
 from perf.shapes import DecoderShape
 from scheduler.state import Policy
 from scheduler.trace import load_trace
@@ -156,7 +157,7 @@ def residuals(m: Measured, a: dict[str, Assumption]) -> dict[str, float]:
     """Measured / predicted per part (rollout, learner, sync) and for the step (their sum)."""
     b = _predict(m, a)
     assert b.learner_s is not None and b.sync_s is not None  # a GPU step: both modelled
-    sync = m.phases_s["transfer"] + sum(m.phases_s.get(p, 0.0) for p in WAKE_PHASES)
+    sync = sum(m.phases_s.get(p, 0.0) for p in SYNC_PHASES)
     measured = {"rollout": m.phases_s["rollout"], "learner": m.phases_s["learn"], "sync": sync}
     predicted = {"rollout": b.rollout_s, "learner": b.learner_s, "sync": b.sync_s}
     measured["step"], predicted["step"] = sum(measured.values()), sum(predicted.values())

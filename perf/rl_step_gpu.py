@@ -146,7 +146,8 @@ async def _step(
 
     spans: dict[str, tuple[float, float]] = {}
     t0 = time.perf_counter()
-    watch = asyncio.create_task(_watch_engine(engine))
+    seen = {"kv_capacity_tokens": 0, "max_running": 0, "max_waiting": 0, "preemptions": 0}
+    watch = asyncio.create_task(_watch_engine(engine, seen))
     try:
         gens = await asyncio.gather(
             *(
@@ -160,7 +161,6 @@ async def _step(
     finally:
         watch.cancel()
     spans["rollout"] = (t0, time.perf_counter())
-    engine_seen = await asyncio.gather(watch, return_exceptions=True)
     generated = sum(len(g.token_ids) for g in gens)
     seqs = [
         TrainSequence(
@@ -191,28 +191,20 @@ async def _step(
         "sync_buckets": stats.buckets,
         "transfer_gb_per_s": round(stats.gb_per_s, 2),
         # what the plan assumes of the engine (perf.plan's --engine-max-num-seqs, its KV space)
-        "engine_seen": _seen(engine_seen[0]),
+        "engine_seen": seen,
     }
 
 
-async def _watch_engine(engine: Any, every_s: float = 0.25) -> dict[str, int]:
-    """The engine's KV capacity and the most requests it ran and held waiting at once, from its
-    stats polls, until cancelled."""
-    seen = {"kv_capacity_tokens": 0, "max_running": 0, "max_waiting": 0, "preemptions": 0}
-    try:
-        while True:
-            st = engine.kv_stats()
-            seen["kv_capacity_tokens"] = max(seen["kv_capacity_tokens"], st.capacity_tokens)
-            seen["max_running"] = max(seen["max_running"], st.num_running)
-            seen["max_waiting"] = max(seen["max_waiting"], st.num_waiting)
-            seen["preemptions"] = max(seen["preemptions"], st.num_preemptions)
-            await asyncio.sleep(every_s)
-    except asyncio.CancelledError:
-        return seen
-
-
-def _seen(result: object) -> dict[str, int] | str:
-    return result if isinstance(result, dict) else f"not seen: {result!r}"
+async def _watch_engine(engine: Any, seen: dict[str, int], every_s: float = 0.25) -> None:
+    """Raise ``seen`` to the engine's KV capacity and the most requests it ran, held waiting and
+    preempted at once, from its stats polls, until cancelled."""
+    while True:
+        st = engine.kv_stats()
+        seen["kv_capacity_tokens"] = max(seen["kv_capacity_tokens"], st.capacity_tokens)
+        seen["max_running"] = max(seen["max_running"], st.num_running)
+        seen["max_waiting"] = max(seen["max_waiting"], st.num_waiting)
+        seen["preemptions"] = max(seen["preemptions"], st.num_preemptions)
+        await asyncio.sleep(every_s)
 
 
 async def _run(cfg: Any, args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:

@@ -85,7 +85,8 @@ def learner_weights(
         ):
             if before is not None:
                 torch.cuda.current_stream().wait_event(before)
-            bucket = [(n, t.to(device, non_blocking=True)) for n, t in bucket]  # megatron: CPU
+            # on the device already, but a later pipeline stage's megatron tensors (host)
+            bucket = [(n, t.to(device, non_blocking=True)) for n, t in bucket]
             if spread and held is None:  # decided once, by every rank alike
                 wanted = sum(1 for *_, at in entries if at == index)
                 flag = torch.tensor([int(len(bucket) == wanted)], device=device)

@@ -16,12 +16,20 @@ from rstar2.learner.megatron.convert import Dims, Shard, hf_tensors
 
 
 def hf_units(
-    gpt: Any, shard: Shard, dims: Dims, dp_rank: int, dtype: torch.dtype | None
+    gpt: Any,
+    shard: Shard,
+    dims: Dims,
+    dp_rank: int,
+    dtype: torch.dtype | None,
+    *,
+    on_device: bool = False,
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """One list per decoder layer (and per other module) of HF-named full tensors, in layer
     order, on global rank 0 (empty elsewhere): gathered over TP within each stage, then
     sent to rank 0 by the stage's leader (TP rank 0 of data-parallel replica 0). Every rank
-    yields one list per unit, after that unit's collectives (in step)."""
+    yields one list per unit, after that unit's collectives (in step). The tensors are on the
+    host, or with ``on_device`` on the parameters' device (a weight sync: no round trip through
+    host memory), except a later pipeline stage's, which reach rank 0 through the host."""
     from megatron.core import parallel_state as ps
 
     params = dict(gpt.named_parameters())
@@ -42,7 +50,8 @@ def hf_units(
                 param = params[name].detach().contiguous()
                 gathered = [torch.empty_like(param) for _ in range(shard.tp)]
                 dist.all_gather(gathered, param, group=ps.get_tensor_model_parallel_group())
-                shards = [t.cpu() for t in gathered]
+                # pickled to rank 0 (another stage's leader) or asked for on the host: copied
+                shards = gathered if on_device and leader == 0 else [t.cpu() for t in gathered]
             if leader != 0 and rank in (0, leader):
                 box: list[Any] = [shards]
                 if rank == leader:

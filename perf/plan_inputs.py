@@ -21,6 +21,10 @@ SHAPES = {
         1536, 8960, 28, 12, 2, 128, 151936, tied=True, family="qwen2"
     ),
     "Qwen/Qwen2.5-0.5B": DecoderShape(896, 4864, 24, 14, 2, 64, 151936, tied=True, family="qwen2"),
+    # the Qwen2 architecture with full multi-head attention: 16 KV heads of 64 dims
+    "Qwen/Qwen1.5-0.5B": DecoderShape(
+        1024, 2816, 24, 16, 16, 64, 151936, tied=True, family="qwen2"
+    ),
     "Qwen/Qwen2.5-14B": QWEN2_5_14B,
 }
 
@@ -94,9 +98,16 @@ DEFAULTS: dict[str, tuple[float | None, str, str]] = {
     "engine_step_overhead_s": (
         0.0,
         "s",
-        "the engine's time per step beyond the datasheet's reads and FLOPs (scheduling, input "
-        "preparation, torch sampling over the vocabulary, output processing; 0: left out); "
-        "~0.0022 s at 128 running sequences, fitted to vLLM 0.26 on one H100 by perf.rl_step_fit",
+        "the engine's host time per step beyond the datasheet's reads and FLOPs (scheduling, "
+        "input preparation, torch sampling over the vocabulary, output processing; 0: left "
+        "out); fitted to vLLM 0.26 on one H100 by perf.rl_step_fit",
+    ),
+    "engine_host_overlap": (
+        0.0,
+        "frac",
+        "the share of the engine's host time per step that its GPU work hides: a step of GPU "
+        "time g takes g + overhead - overlap x min(g, overhead) (0: added whole); fitted with "
+        "--engine-step-overhead-s by perf.rl_step_fit",
     ),
     "engine_max_num_seqs": (
         128.0,

@@ -46,6 +46,23 @@ class Breakdown:
         return WEEK_S / self.step_s
 
 
+def sim_settings(
+    cfg: Any, stage: int, a: dict[str, Assumption], shape: DecoderShape, cost: StepCostModel
+) -> SimSettings:
+    """The rollout simulation's settings for the config's stage ``stage``."""
+    kv = engine_kv_tokens(a, shape, cfg)
+    if kv <= 0:
+        raise no_kv_space(a, shape, cfg)
+    return SimSettings(
+        num_engines=cfg.rollout.num_engines,
+        kv_tokens=kv,
+        max_response_tokens=cfg.stages[stage].max_response_tokens,
+        default_tool_tokens=int(required(a, "tool_response_tokens")),
+        max_num_seqs=int(required(a, "engine_max_num_seqs")),
+        cost=cost,
+    )
+
+
 def predict(
     cfg: Any,
     stage: int,
@@ -60,23 +77,9 @@ def predict(
     """The step breakdown (pure apart from the simulation it runs); ``policy``: the scheduler's
     in place of the config's (``round_robin``: every request straight to its engine, as
     :mod:`perf.rl_step_gpu` sends them)."""
-    st = cfg.stages[stage]
-    kv = engine_kv_tokens(a, shape, cfg)
-    if kv <= 0:
-        raise no_kv_space(a, shape, cfg)
-    tool_tokens = int(required(a, "tool_response_tokens"))
-    sim = simulate(
-        rows,
-        SimSettings(
-            num_engines=cfg.rollout.num_engines,
-            kv_tokens=kv,
-            max_response_tokens=st.max_response_tokens,
-            default_tool_tokens=tool_tokens,
-            max_num_seqs=int(required(a, "engine_max_num_seqs")),
-            cost=cost,
-        ),
-        SchedulerSettings(policy=policy or cfg.scheduler.policy),
-    )
+    settings = sim_settings(cfg, stage, a, shape, cost)
+    kv, tool_tokens = settings.kv_tokens, settings.default_tool_tokens
+    sim = simulate(rows, settings, SchedulerSettings(policy=policy or cfg.scheduler.policy))
     tools = [sum(t.tool_latency_s or 0.0 for t in r.turns) for r in rows]
     verif_per_s = required(a, "reward_verif_per_s_per_core")
     reward_cores = a["reward_cores"].value or cfg.reward.num_workers or 4

@@ -9,12 +9,16 @@ Fitted, each from the measured phases (two steps at least; more: least squares):
   (per layer per micro-batch): time = FLOPs / (peak x MFU) + micro-batches x layers x overhead;
 - weight transfer: ``--ipc-gb-per-s`` and ``--ipc-layer-s``: time = bytes / rate + layers x cost;
 - ``--wake-s``: the mean of sleep, both wake-ups and the learner's cache release;
-- the engine: ``--engine-step-overhead-s``, the time per engine step beyond the datasheet's
-  weight and KV reads and FLOPs, that brings the simulated rollouts to the measured ones. The
-  rollout is simulated as the benchmark runs it (every request sent to its one engine at once:
-  no scheduler, vLLM's own batch limit ``--engine-max-num-seqs`` and KV space); the makespan is
-  linear in the overhead where the schedule does not change (fixed-length trajectories), so two
-  simulations per step give its slope and the fit is least squares over the steps.
+- the engine: ``--engine-step-overhead-s``, its host time per step beyond the datasheet's
+  weight and KV reads and FLOPs, and ``--engine-host-overlap``, the share of it the GPU's work
+  hides (a step of GPU time g takes g + overhead - overlap x min(g, overhead)), that bring the
+  simulated rollouts to the measured ones (least squares of the log ratios). The rollout is
+  simulated as the benchmark runs it (every request sent to its one engine at once: no
+  scheduler, vLLM's own batch limit ``--engine-max-num-seqs`` and KV space). Its schedule does
+  not depend on the step times (fixed-length trajectories, all sent at once), so it is
+  simulated once per step and its runs of steps are re-priced for each candidate pair (and the
+  fitted pair is checked against a fresh simulation). Telling the two apart needs steps whose
+  GPU time per step falls on both sides of the host time.
   ``--engine-prefill-mfu`` is an input, not fitted: every measured step decodes full batches
   of 128 (vLLM's default limit) and prefills ~2% of its tokens, so their times cannot tell the
   GEMMs' efficiency from the per-step overhead (fitting both gives a negative overhead).
@@ -30,16 +34,20 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from perf.plan_engine import dtype_bytes, engine_cost
 from perf.plan_inputs import Assumption, add_flags, assumptions, model_shape, required
-from perf.plan_step import Breakdown, predict
+from perf.plan_step import Breakdown, predict, sim_settings
 from perf.rl_step_report import SYNC_PHASES
 from perf.shapes import DecoderShape
+from scheduler.core import SchedulerSettings
+from scheduler.sim import simulate
+from scheduler.sim_engine import RunRecord
+from scheduler.sim_model import StepCostModel
 from scheduler.state import Policy
 from scheduler.trace import load_trace
 
@@ -115,16 +123,70 @@ def _with(a: dict[str, Assumption], **values: float) -> dict[str, Assumption]:
     return out
 
 
-def _engine_fit(steps: list[Measured], a: dict[str, Assumption]) -> float:
-    """The engine's time per step beyond the datasheet model (seconds)."""
-    base = _with(a, engine_step_overhead_s=0.0)
-    step = 1e-3
-    bumped = _with(a, engine_step_overhead_s=step)
-    rows = []
-    for m in steps:
-        r0 = _predict(m, base).rollout_s
-        rows.append(((_predict(m, bumped).rollout_s - r0) / step, m.phases_s["rollout"] - r0))
-    return sum(x * y for x, y in rows) / sum(x * x for x, _ in rows)
+HOST_S_MAX = 0.05  # the search's bound on the engine's host time per step
+
+
+def _engine_runs(m: Measured, a: dict[str, Assumption]) -> tuple[StepCostModel, list[RunRecord]]:
+    """The benchmark's one engine's cost model at ``a`` and its runs of steps."""
+    cost = engine_cost(a, m.shape, 1, None, nbytes=dtype_bytes(m.cfg))
+    settings = replace(sim_settings(m.cfg, 0, a, m.shape, cost), record_runs=True)
+    sim = simulate(load_trace(m.trace), settings, SchedulerSettings(policy=BENCHMARK_POLICY))
+    (runs,) = sim.engine_runs
+    return cost, list(runs)
+
+
+def _golden(f: Callable[[float], float], lo: float, hi: float, iters: int = 60) -> float:
+    """The minimum of ``f`` on [lo, hi] by golden-section search (``f`` unimodal there)."""
+    r = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - r * (b - a), a + r * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(iters):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - r * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + r * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def _engine_fit(steps: list[Measured], a: dict[str, Assumption]) -> tuple[float, float]:
+    """The engine's host time per step (seconds) and the share of it its GPU work hides."""
+    base = _with(a, engine_step_overhead_s=0.0, engine_host_overlap=0.0)
+    priced = [(*_engine_runs(m, base), m.phases_s["rollout"]) for m in steps]
+    for (cost, runs, _), m in zip(priced, steps, strict=True):
+        if not math.isclose(sum(r.time_s(cost) for r in runs), _predict(m, base).rollout_s):
+            raise ValueError(
+                f"{m.trace}: the engine idles mid-rollout; its runs cannot be re-priced"
+            )
+
+    def loss(host: float, overlap: float) -> float:
+        total = 0.0
+        for cost, runs, measured in priced:
+            c = replace(cost, host_s=host, host_overlap=overlap)
+            total += math.log(measured / sum(r.time_s(c) for r in runs)) ** 2
+        return total
+
+    def best_host(overlap: float) -> float:
+        return _golden(lambda h: loss(h, overlap), 0.0, HOST_S_MAX)
+
+    grid = [i / 100 for i in range(101)]
+    profile = [loss(best_host(x), x) for x in grid]
+    i = min(range(len(grid)), key=profile.__getitem__)
+    if max(profile) - profile[i] <= 1e-9 * max(1.0, profile[i]):
+        raise ValueError("the measured steps do not tell the host time from its overlap")
+    overlap = _golden(lambda x: loss(best_host(x), x), grid[max(0, i - 1)], grid[min(100, i + 1)])
+    host = best_host(overlap)
+    fitted = _with(a, engine_step_overhead_s=host, engine_host_overlap=overlap)
+    for (_, runs, _), m in zip(priced, steps, strict=True):  # the schedule did not move
+        cost = engine_cost(fitted, m.shape, 1, None, nbytes=dtype_bytes(m.cfg))
+        again = _predict(m, fitted).rollout_s
+        if not math.isclose(sum(r.time_s(cost) for r in runs), again, rel_tol=1e-6):
+            raise ValueError(f"{m.trace}: the schedule depends on the step times")
+    return host, overlap
 
 
 def fit(steps: list[Measured], a: dict[str, Assumption]) -> dict[str, float]:
@@ -143,13 +205,15 @@ def fit(steps: list[Measured], a: dict[str, Assumption]) -> dict[str, float]:
     else:
         s_per_gb, ipc_layer_s = _solve2(ipc)
     wake = [sum(m.phases_s.get(p, 0.0) for p in WAKE_PHASES) for m in steps]
+    host, overlap = _engine_fit(steps, a)
     return {
         "learner_mfu": 1 / inv_mfu,
         "learner_layer_overhead_s": layer_s,
         "ipc_gb_per_s": 1 / s_per_gb,
         "ipc_layer_s": ipc_layer_s,
         "wake_s": sum(wake) / len(wake),
-        "engine_step_overhead_s": _engine_fit(steps, a),
+        "engine_step_overhead_s": host,
+        "engine_host_overlap": overlap,
     }
 
 

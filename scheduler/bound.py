@@ -29,8 +29,11 @@ def makespan_lower_bound(rows: list[TraceRow], s: SimSettings) -> LowerBound:
     """See :class:`LowerBound`. Every token generated at context length ``L`` costs its step
     ``per_kv_token_s x L`` and ``decode_token_s``; a step reads at most ``kv_tokens`` of KV and
     runs at most ``max_num_seqs`` requests, so the engines take at least ``max(sum of L /
-    kv_tokens, tokens / max_num_seqs)`` steps between them, each paying ``step_base_s``."""
+    kv_tokens, tokens / max_num_seqs)`` steps between them, each paying ``step_base_s`` and the
+    host time no GPU work can hide, ``(1 - host_overlap) x host_s`` (a step of GPU time g takes
+    ``g + host_s - host_overlap x min(g, host_s)``, never less than that)."""
     c = s.cost
+    per_step = c.step_base_s + (1 - c.host_overlap) * c.host_s
     kv_read = 0.0  # sum over generated tokens of the context length each one is decoded at
     tokens = prefill = 0
     critical = 0.0
@@ -47,7 +50,7 @@ def makespan_lower_bound(rows: list[TraceRow], s: SimSettings) -> LowerBound:
         prefill += row_prefill
         alone = (
             c.per_token_s * row_prefill
-            + (c.step_base_s + c.decode_token_s) * row_tokens
+            + (per_step + c.decode_token_s) * row_tokens
             + c.per_kv_token_s * row_kv
             + latency
         )
@@ -57,6 +60,6 @@ def makespan_lower_bound(rows: list[TraceRow], s: SimSettings) -> LowerBound:
         c.per_token_s * prefill
         + c.decode_token_s * tokens
         + c.per_kv_token_s * kv_read
-        + c.step_base_s * steps
+        + per_step * steps
     )
     return LowerBound(work_s=busy / s.num_engines, critical_path_s=critical)

@@ -17,7 +17,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from scheduler.core import Assignment, Scheduler, SchedulerSettings
-from scheduler.sim_engine import EngineRequest, SimEngine
+from scheduler.sim_engine import EngineRequest, RunRecord, SimEngine
 from scheduler.sim_model import PlannedTurn, SimSettings, plan_turns
 from scheduler.trace import TraceRow
 
@@ -44,9 +44,15 @@ class SimResult:
     queue_empty_s: float
     live_at_queue_empty: int  # trajectories not finished then
     steps_after_queue_empty: int
+    # per engine, its runs of steps (only with SimSettings.record_runs)
+    engine_runs: tuple[tuple[RunRecord, ...], ...] = ()
 
     def as_dict(self) -> dict[str, float | int | str]:
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(self).items()}
+        return {
+            k: (round(v, 4) if isinstance(v, float) else v)
+            for k, v in vars(self).items()
+            if k != "engine_runs"
+        }
 
 
 @dataclass
@@ -206,6 +212,7 @@ class Simulation:
             queue_empty_s=self._queue_empty[0],
             live_at_queue_empty=self._queue_empty[1],
             steps_after_queue_empty=steps - self._queue_empty[2],
+            engine_runs=tuple(tuple(e.runs) for e in self.engines),
         )
 
 

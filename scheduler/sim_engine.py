@@ -24,7 +24,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from scheduler.sim_model import SimSettings
+from scheduler.sim_model import SimSettings, StepCostModel
 
 
 class EngineHost(Protocol):
@@ -47,6 +47,22 @@ class EngineHost(Protocol):
 
     def report(self, engine: SimEngine) -> None:
         """The engine's KV and queue changed (after each run of steps)."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run of decode steps as an engine took it (``SimSettings.record_runs``): it costs
+    ``prefill_s + cost.steps_s(first GPU time at running and kv_used, growth, steps)``."""
+
+    running: int
+    kv_used: int  # KV tokens resident in its first step
+    steps: int
+    prefill_s: float
+    start_s: float
+
+    def time_s(self, c: StepCostModel) -> float:
+        first = c.step_base_s + c.decode_token_s * self.running + c.per_kv_token_s * self.kv_used
+        return self.prefill_s + c.steps_s(first, c.per_kv_token_s * self.running, self.steps)
 
 
 @dataclass
@@ -81,6 +97,7 @@ class SimEngine:
         self.run_version = 0
         self.busy = False
         self._orders = itertools.count()
+        self.runs: list[RunRecord] = []  # with SimSettings.record_runs
 
     def steps_by(self, now: float) -> int:
         """Steps this engine has completed by ``now``, its run in progress included (all of it
@@ -114,17 +131,30 @@ class SimEngine:
     def _run_time(self, k: int) -> float:
         c = self.s.cost
         n = len(self.running)
-        per_step = c.step_base_s + c.decode_token_s * n + c.per_kv_token_s * self.kv_used
-        return self.run_prefill_s + k * per_step + c.per_kv_token_s * n * k * (k - 1) / 2
+        first = c.step_base_s + c.decode_token_s * n + c.per_kv_token_s * self.kv_used
+        return self.run_prefill_s + c.steps_s(first, c.per_kv_token_s * n, k)
 
     def _steps_done_by(self, elapsed: float) -> int:
         c = self.s.cost
         n = len(self.running)
-        a = c.per_kv_token_s * n / 2
-        b = c.step_base_s + c.decode_token_s * n + c.per_kv_token_s * self.kv_used - a
         rest = elapsed - self.run_prefill_s
         if rest <= 0:
             return 0
+        if c.host_s != 0.0 and c.host_overlap != 0.0:  # piecewise: the most steps that fit
+            first, growth = c.step_base_s + c.decode_token_s * n, c.per_kv_token_s * n
+            first += c.per_kv_token_s * self.kv_used
+            lo, hi = 0, max(self.run_steps, 1)
+            while c.steps_s(first, growth, hi) <= rest:
+                hi *= 2
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if c.steps_s(first, growth, mid) <= rest:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lo
+        a = c.per_kv_token_s * n / 2
+        b = c.step_base_s + c.host_s + c.decode_token_s * n + c.per_kv_token_s * self.kv_used - a
         if a == 0:
             return int(rest / b)
         return int((-b + math.sqrt(b * b + 4 * a * rest)) / (2 * a))
@@ -157,6 +187,11 @@ class SimEngine:
         if version != self.run_version or not self.busy:
             return
         k = self.run_steps
+        if self.s.record_runs:
+            rec = RunRecord(
+                len(self.running), self.kv_used, k, self.run_prefill_s, self.run_start_t
+            )
+            self.runs.append(rec)
         self.busy_s += now - self.run_start_t
         self.step += k
         self.run_steps = 0  # counted: steps_by must not add them again until the next run

@@ -33,7 +33,10 @@ TRUE = {
     "ipc_gb_per_s": 4.0,
     "ipc_layer_s": 0.01,
     "wake_s": 0.25,
-    "engine_step_overhead_s": 0.002,
+    # a host time per step that some steps' GPU time stays under and others' exceeds (so the
+    # two engine terms can be told apart), half of it hidden under the GPU's work
+    "engine_step_overhead_s": 0.004,
+    "engine_host_overlap": 0.5,
 }
 
 
@@ -104,7 +107,7 @@ def test_the_same_step_twice_is_one_line_and_exit_2(
     one = _measured(tmp_path, CONFIGS[0])
     assert rl_step_fit.main(["--measured", one, "--measured", one, *GIVEN]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "do not tell the two terms apart" in err[0], err
+    assert len(err) == 1 and "do not tell" in err[0], err
 
 
 def test_a_tied_shape_counts_its_embedding_once() -> None:

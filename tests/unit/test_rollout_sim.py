@@ -4,6 +4,8 @@ the simulator's CLI."""
 from __future__ import annotations
 
 import json
+import math
+import random
 import subprocess
 import sys
 from dataclasses import replace
@@ -126,6 +128,74 @@ def test_one_trajectory_alone_costs_what_the_step_model_says(per_decode_token_s)
     assert res.recomputed_tokens == 0  # the second turn hits its cached prefix
     # alone on its engine it runs its critical path: the lower bound is exact
     assert makespan_lower_bound([row], s).makespan_s == pytest.approx(res.makespan_s, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("host_s", "overlap"), [(0.0, 0.0), (0.004, 0.0), (0.004, 0.6), (0.004, 1.0)]
+)
+def test_each_step_pays_the_host_time_its_gpu_work_does_not_hide(host_s, overlap) -> None:
+    """A step of GPU time g takes g + host_s - overlap x min(g, host_s): here the KV read makes
+    the first turn's steps cross host_s after six steps. The bound stays below the run (exact
+    when nothing is hidden)."""
+    row = TraceRow("a", 100, (TraceTurn(10, 0.5, 20), TraceTurn(5, None)))
+    c = StepCostModel(step_base_s=0.001, per_kv_token_s=2.8e-5, host_s=host_s, host_overlap=overlap)
+    s = SimSettings(num_engines=1, kv_tokens=10_000, cost=c)
+    res = simulate([row], s, SchedulerSettings(policy="sticky"))
+    gpu = [c.step_base_s + c.decode_token_s + c.per_kv_token_s * ctx for ctx in range(100, 110)]
+    assert gpu[5] < 0.004 < gpu[6]
+    turn1 = c.per_token_s * 100 + sum(c.step_s(g) for g in gpu)
+    turn2 = c.per_token_s * 20 + sum(
+        c.step_s(c.step_base_s + c.decode_token_s + c.per_kv_token_s * ctx)
+        for ctx in range(130, 135)
+    )
+    assert res.makespan_s == pytest.approx(turn1 + 0.5 + turn2, rel=1e-9)
+    bound = makespan_lower_bound([row], s).makespan_s
+    assert bound <= res.makespan_s * (1 + 1e-12)
+    if overlap == 0.0:
+        assert bound == pytest.approx(res.makespan_s, rel=1e-9)
+
+
+def test_a_run_of_steps_costs_the_sum_of_its_steps() -> None:
+    """StepCostModel.steps_s (the simulator's closed form for a run) against its steps one by
+    one, on both sides of the host time and across it."""
+    rng = random.Random(0)
+    for _ in range(300):
+        host = rng.choice([0.0, rng.uniform(0.0, 0.01)])
+        c = StepCostModel(host_s=host, host_overlap=rng.choice([0.0, 1.0, rng.random()]))
+        first, k = rng.uniform(0.0, 0.01), rng.randint(0, 3000)
+        growth = rng.choice([0.0, rng.uniform(0.0, 1e-5)])
+        want = math.fsum(c.step_s(first + growth * i) for i in range(k))
+        assert c.steps_s(first, growth, k) == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_hidden_host_time_keeps_every_token_and_the_bound(policy) -> None:
+    """With host time partly hidden (runs cut by arrivals mid-run included): every token is
+    generated and no policy beats the bound."""
+    rows, settings = _tight()
+    sched = SchedulerSettings(policy=policy, block_size_tokens=16)
+    for overlap in (0.0, 0.5, 1.0):
+        cost = replace(settings.cost, host_s=0.006, host_overlap=overlap)
+        s = replace(settings, cost=cost)
+        res = simulate(rows, s, sched)
+        assert res.generated_tokens == sum(r.response_tokens for r in rows)
+        assert makespan_lower_bound(rows, s).makespan_s <= res.makespan_s
+
+
+def test_recorded_runs_repriced_are_the_rollout_when_the_engine_never_idles() -> None:
+    """Fixed-length trajectories all sent at once (perf.rl_step_gpu's step): the engine's
+    recorded runs, re-priced at another host time and overlap, give that simulation's rollout
+    (what perf.rl_step_fit searches over instead of simulating again)."""
+    rows = [TraceRow(f"t{i}", 128, (TraceTurn(300, None),)) for i in range(40)]
+    base = SimSettings(num_engines=1, kv_tokens=8_000, max_num_seqs=16, record_runs=True)
+    res = simulate(rows, base, SchedulerSettings(policy="round_robin"))
+    (runs,) = res.engine_runs
+    assert sum(r.steps for r in runs) == res.steps
+    for host, overlap in [(0.0, 0.0), (0.004, 0.3), (0.02, 0.9)]:
+        cost = replace(base.cost, host_s=host, host_overlap=overlap)
+        again = simulate(rows, replace(base, cost=cost), SchedulerSettings(policy="round_robin"))
+        assert sum(r.time_s(cost) for r in runs) == pytest.approx(again.makespan_s, rel=1e-9)
+    assert "engine_runs" not in res.as_dict()
 
 
 def test_cli_prints_a_table_then_one_json_line(tmp_path: Path) -> None:

@@ -94,12 +94,19 @@ def corpus() -> list[str]:
     return text * 20 + ["0123456789 abcdefghijklmnopqrstuvwxyz print input code stdout"] * 20
 
 
+def build_tool_tokenizer(out_dir: Path) -> Path:
+    """The tool model's folder before training: its tokenizer and chat template (the same as
+    the trained model's), with untrained weights. For tests that only encode prompts."""
+    build_tiny_model(out_dir, corpus() + _template_corpus(), hidden_size=128, num_layers=2)
+    return out_dir
+
+
 def build_tool_model(out_dir: Path, steps: int = 300) -> Path:
     """Build and train the model; returns its HF folder."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    build_tiny_model(out_dir, corpus() + _template_corpus(), hidden_size=128, num_layers=2)
+    build_tool_tokenizer(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     template = ChatTemplate(tokenizer, tools=(tool_schema(),))
     examples = []

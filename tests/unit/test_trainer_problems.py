@@ -12,7 +12,15 @@ from rstar2.config import Config
 from rstar2.data.schema import DataError
 from rstar2.data.sources import builtin_records
 from rstar2.trainer.problems import DECONTAMINATION, load_eval_problems, load_train_problems
+from tests.helpers.tool_model import build_tool_tokenizer
 from tests.helpers.vllm_setup import tool_template
+
+
+@pytest.fixture(scope="module")
+def tool_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Only the tool model's tokenizer and template are read here: its untrained folder (the
+    trained one takes the unit tier's longest setup)."""
+    return build_tool_tokenizer(tmp_path_factory.mktemp("tool-tokenizer"))
 
 
 def _config(train: Path, *, decontaminate: bool) -> Config:
@@ -41,8 +49,8 @@ def train_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_train_drops_benchmark_problems_and_says_how_many(tool_model_dir, train_file, tmp_path):
-    template = tool_template(tool_model_dir)
+def test_train_drops_benchmark_problems_and_says_how_many(tool_tokenizer_dir, train_file, tmp_path):
+    template = tool_template(tool_tokenizer_dir)
     problems = load_train_problems(_config(train_file, decontaminate=True), template, tmp_path)
     assert problems.truths == ["42", "5"]
     report = json.loads((tmp_path / DECONTAMINATION).read_text())
@@ -55,8 +63,8 @@ def test_train_drops_benchmark_problems_and_says_how_many(tool_model_dir, train_
     assert len(evals[str(train_file)].rows) == 3
 
 
-def test_without_decontamination_every_problem_stays(tool_model_dir, train_file, tmp_path):
-    template = tool_template(tool_model_dir)
+def test_without_decontamination_every_problem_stays(tool_tokenizer_dir, train_file, tmp_path):
+    template = tool_template(tool_tokenizer_dir)
     problems = load_train_problems(_config(train_file, decontaminate=False), template, tmp_path)
     assert len(problems.rows) == 3
     assert json.loads((tmp_path / DECONTAMINATION).read_text())["enabled"] is False
@@ -92,8 +100,10 @@ def _messy_config(path: Path, strict: bool) -> Config:
     )
 
 
-def test_bad_rows_are_skipped_counted_and_named_in_one_line(tool_model_dir, messy_file, tmp_path):
-    template = tool_template(tool_model_dir)
+def test_bad_rows_are_skipped_counted_and_named_in_one_line(
+    tool_tokenizer_dir, messy_file, tmp_path
+):
+    template = tool_template(tool_tokenizer_dir)
     problems = load_train_problems(_messy_config(messy_file, False), template, tmp_path)
     assert problems.truths == ["42", "5"]
     assert problems.skip_counts() == {"malformed": 3, "duplicate_id": 1, "too_long": 1}
@@ -106,8 +116,10 @@ def test_bad_rows_are_skipped_counted_and_named_in_one_line(tool_model_dir, mess
     assert evals[str(messy_file)].skip_counts() == problems.skip_counts()
 
 
-def test_strict_data_stops_on_the_first_bad_row_in_one_line(tool_model_dir, messy_file, tmp_path):
-    template = tool_template(tool_model_dir)
+def test_strict_data_stops_on_the_first_bad_row_in_one_line(
+    tool_tokenizer_dir, messy_file, tmp_path
+):
+    template = tool_template(tool_tokenizer_dir)
     with pytest.raises(DataError, match="line 2: not valid JSON") as err:
         load_train_problems(_messy_config(messy_file, True), template, tmp_path)
     assert "data.strict is on" in str(err.value) and "\n" not in str(err.value)

@@ -45,8 +45,13 @@ def print_breakdown(
         f"engine: {b.kv_tokens:,} KV tokens, at most {a['engine_max_num_seqs'].value:g} "
         f"sequences a step; step cost {cost.step_base_s * 1e3:.2f} ms + "
         f"{cost.per_token_s * 1e6:.2f} us/token + {cost.per_kv_token_s * 1e9:.3f} ns/KV token "
-        f"+ host {cost.host_s * 1e3:.2f} ms ({cost.host_overlap:.0%} of it under the GPU's work) "
-        f"({source}); trajectories: {trace}"
+        + (
+            f"+ host {cost.host_s * 1e3:.2f} ms ({cost.host_overlap:.0%} of it under the GPU's "
+            "work) "
+            if cost.host_s
+            else ""
+        )
+        + f"({source}); trajectories: {trace}"
     )
     rows = [
         ("rollout (simulated makespan)", b.rollout_s),

@@ -131,8 +131,11 @@ def _engine_runs(m: Measured, a: dict[str, Assumption]) -> tuple[StepCostModel, 
     cost = engine_cost(a, m.shape, 1, None, nbytes=dtype_bytes(m.cfg))
     settings = replace(sim_settings(m.cfg, 0, a, m.shape, cost), record_runs=True)
     sim = simulate(load_trace(m.trace), settings, SchedulerSettings(policy=BENCHMARK_POLICY))
-    (runs,) = sim.engine_runs
-    return cost, list(runs)
+    if len(sim.engine_runs) != 1:
+        raise ValueError(
+            f"{m.trace}: the benchmark's step runs one engine, not {m.cfg.rollout.num_engines}"
+        )
+    return cost, list(sim.engine_runs[0])
 
 
 def _golden(f: Callable[[float], float], lo: float, hi: float, iters: int = 60) -> float:
@@ -176,10 +179,19 @@ def _engine_fit(steps: list[Measured], a: dict[str, Assumption]) -> tuple[float,
     grid = [i / 100 for i in range(101)]
     profile = [loss(best_host(x), x) for x in grid]
     i = min(range(len(grid)), key=profile.__getitem__)
-    if max(profile) - profile[i] <= 1e-9 * max(1.0, profile[i]):
-        raise ValueError("the measured steps do not tell the host time from its overlap")
+    # where every step's GPU time exceeds the host time only (1 - overlap) x host shows: the
+    # profile then has a flat valley over many overlaps instead of one minimum
+    if sum(p <= profile[i] + 1e-9 for p in profile) > 2:
+        raise ValueError(
+            "the measured steps do not tell the host time from its overlap (no step's GPU time "
+            "is under the host time): give a step of a smaller shape or shorter responses"
+        )
     overlap = _golden(lambda x: loss(best_host(x), x), grid[max(0, i - 1)], grid[min(100, i + 1)])
     host = best_host(overlap)
+    if host > 0.99 * HOST_S_MAX:
+        raise ValueError(
+            f"the engine's host time per step fits at the search's bound, {HOST_S_MAX} s"
+        )
     fitted = _with(a, engine_step_overhead_s=host, engine_host_overlap=overlap)
     for (_, runs, _), m in zip(priced, steps, strict=True):  # the schedule did not move
         cost = engine_cost(fitted, m.shape, 1, None, nbytes=dtype_bytes(m.cfg))

@@ -132,6 +132,10 @@ class SimEngine:
         c = self.s.cost
         n = len(self.running)
         first = c.step_base_s + c.decode_token_s * n + c.per_kv_token_s * self.kv_used
+        if c.host_s == 0.0 or c.host_overlap == 0.0:  # additive, summed as it always was
+            return (
+                self.run_prefill_s + k * (first + c.host_s) + c.per_kv_token_s * n * k * (k - 1) / 2
+            )
         return self.run_prefill_s + c.steps_s(first, c.per_kv_token_s * n, k)
 
     def _steps_done_by(self, elapsed: float) -> int:

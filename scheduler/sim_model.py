@@ -52,10 +52,12 @@ class StepCostModel:
         h, x = self.host_s, self.host_overlap
         if h == 0.0 or x == 0.0:  # additive: every step pays the host time whole
             return k * (first_gpu_s + h) + growth_s * k * (k - 1) / 2
-        if growth_s > 0.0:
-            under = min(k, max(0, math.ceil((h - first_gpu_s) / growth_s)))
+        if first_gpu_s >= h:
+            under = 0
+        elif growth_s <= 0.0 or (h - first_gpu_s) / growth_s >= k:  # no step reaches h
+            under = k
         else:
-            under = k if first_gpu_s < h else 0
+            under = math.ceil((h - first_gpu_s) / growth_s)
         over = k - under
         gpu_under = under * first_gpu_s + growth_s * under * (under - 1) / 2
         gpu_over = over * first_gpu_s + growth_s * (over * under + over * (over - 1) / 2)

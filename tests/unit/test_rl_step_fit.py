@@ -48,13 +48,13 @@ def _assumptions(config: str, *argv: str) -> dict[str, plan_inputs.Assumption]:
     return plan_inputs.assumptions(plan._parser().parse_args(["--config", config, *argv]), "cuda")
 
 
-def _measured(tmp_path: Path, config: str) -> str:
-    """A perf.rl_step_gpu result whose phases are the plan's own prediction at TRUE."""
+def _measured(tmp_path: Path, config: str, true: dict[str, float] = TRUE) -> str:
+    """A perf.rl_step_gpu result whose phases are the plan's own prediction at ``true``."""
     cfg = load_config(config)
     name = Path(config).stem.removeprefix("rl_step_")
     trace = tmp_path / f"trace-{name}.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in trace_rows(cfg, 128)))
-    a = _assumptions(config, *GIVEN, *_flags(TRUE))
+    a = _assumptions(config, *GIVEN, *_flags(true))
     shape = plan_inputs.model_shape(cfg)
     cost = plan_engine.engine_cost(a, shape, 1, None)
     b = predict(cfg, 0, a, shape, load_trace(str(trace)), cost, 1, policy="round_robin")
@@ -64,9 +64,9 @@ def _measured(tmp_path: Path, config: str) -> str:
         "learn": b.learner_s,
         "sleep": 0.05,
         "wake_weights": 0.02,
-        "transfer": b.sync_s - TRUE["wake_s"],
+        "transfer": b.sync_s - true["wake_s"],
         "release_learner": 0.03,
-        "wake_kv": TRUE["wake_s"] - 0.1,
+        "wake_kv": true["wake_s"] - 0.1,
     }
     out = tmp_path / f"rl-step-{name}.json"
     out.write_text(json.dumps({"config": config, "measured": {"phases_s": phases},
@@ -108,6 +108,19 @@ def test_the_same_step_twice_is_one_line_and_exit_2(
     assert rl_step_fit.main(["--measured", one, "--measured", one, *GIVEN]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "do not tell" in err[0], err
+
+
+def test_steps_whose_gpu_time_always_exceeds_the_host_time_cannot_split_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every step's GPU time above the host time (0.2 ms: under any of these shapes' weight
+    read): only (1 - overlap) x host shows in the rollouts, and the fit says so in one line."""
+    true = {**TRUE, "engine_step_overhead_s": 0.0002}
+    measured = [_measured(tmp_path, c, true) for c in CONFIGS]
+    argv = [x for m in measured for x in ("--measured", m)] + GIVEN
+    assert rl_step_fit.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "host time from its overlap" in err[0], err
 
 
 def test_a_tied_shape_counts_its_embedding_once() -> None:

@@ -44,9 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from perf.record import commit, fit_line, hardware
+from perf.record import FLOOR_S, commit, fit_line, floor_costs, hardware
 
-FLOOR_S = 1e-12  # a fitted constant below this is noise: floored, and named in ``floored``
 SHORT_PROMPT_TOKENS = 16  # the decode batches' and the short KV batch's prompt
 
 
@@ -130,13 +129,6 @@ async def measure(
             "kv_step_s": {"short": kv_short, "long_minus_prefill": kv_long},
         },
     }
-
-
-def floor_costs(fitted: dict[str, float]) -> tuple[dict[str, float], list[str]]:
-    """Each fitted constant floored at :data:`FLOOR_S` (the simulator needs positive prices),
-    and the names of those that were below it, in order (a NaN, no fit at all, is one)."""
-    low = [name for name, value in fitted.items() if not value >= FLOOR_S]
-    return ({name: FLOOR_S if name in low else value for name, value in fitted.items()}, low)
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:

@@ -35,6 +35,16 @@ def commit() -> str:
     return proc.stdout.strip() or "unknown"
 
 
+FLOOR_S = 1e-12  # a fitted cost constant below this is noise: floored, and named in ``floored``
+
+
+def floor_costs(fitted: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+    """Each fitted constant floored at :data:`FLOOR_S` (the simulator needs positive prices),
+    and the names of those that were below it, in order (a NaN, no fit at all, is one)."""
+    low = [name for name, value in fitted.items() if not value >= FLOOR_S]
+    return ({name: FLOOR_S if name in low else value for name, value in fitted.items()}, low)
+
+
 def fit_line(points: list[tuple[float, float]], what: str = "points") -> tuple[float, float]:
     """Least-squares line of y over x: (slope, intercept). ValueError (naming ``what``) when
     the points have fewer than two distinct x: no line fits them."""

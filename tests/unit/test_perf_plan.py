@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from perf import engine_cost, plan, plan_engine, plan_inputs, plan_step
+from perf import engine_cost, plan, plan_engine, plan_inputs, plan_step, record
 from perf.plan_check import load_run_traces, measured_rollout_s
 from perf.record import fit_line
 from perf.shapes import DTYPE_BYTES, QWEN3_14B, DecoderShape
@@ -282,15 +282,16 @@ def test_the_last_turns_tool_call_adds_no_default_tool_tokens():
     assert plan_step._train_tokens(TraceRow("r", 7, (TraceTurn(20, 0.3, 0),)), 128) == 27
 
 
-def test_engine_cost_floors_a_noisy_constant_and_names_it():
+def test_a_noisy_fitted_cost_constant_is_floored_and_named():
+    """perf.record.floor_costs, which perf.engine_cost and perf.step_cost both apply."""
     # a loaded machine fitted a negative prefill slope (the 35aadb1 suite's second engine)
     fitted = {"step_base_s": 5e-3, "per_token_s": -2e-6, "per_kv_token_s": 0.0}
-    cost, floored = engine_cost.floor_costs(fitted)
+    cost, floored = record.floor_costs(fitted)
     assert cost == {"step_base_s": 5e-3, "per_token_s": 1e-12, "per_kv_token_s": 1e-12}
     assert floored == ["per_token_s", "per_kv_token_s"]
-    assert engine_cost.floor_costs({"step_base_s": 5e-3}) == ({"step_base_s": 5e-3}, [])
+    assert record.floor_costs({"step_base_s": 5e-3}) == ({"step_base_s": 5e-3}, [])
     # no fit at all is floored and named too (NaN compares false with everything)
-    assert engine_cost.floor_costs({"per_kv_token_s": math.nan}) == (
+    assert record.floor_costs({"per_kv_token_s": math.nan}) == (
         {"per_kv_token_s": 1e-12},
         ["per_kv_token_s"],
     )

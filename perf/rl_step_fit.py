@@ -127,7 +127,8 @@ HOST_S_MAX = 0.05  # the search's bound on the engine's host time per step
 
 
 def _engine_runs(m: Measured, a: dict[str, Assumption]) -> tuple[StepCostModel, list[RunRecord]]:
-    """The benchmark's one engine's cost model at ``a`` and its runs of steps."""
+    """The benchmark's one engine's cost model at ``a`` and its runs of steps, which add up to
+    the simulated rollout (ValueError where the engine idles between them)."""
     cost = engine_cost(a, m.shape, 1, None, nbytes=dtype_bytes(m.cfg))
     settings = replace(sim_settings(m.cfg, 0, a, m.shape, cost), record_runs=True)
     sim = simulate(load_trace(m.trace), settings, SchedulerSettings(policy=BENCHMARK_POLICY))
@@ -135,7 +136,10 @@ def _engine_runs(m: Measured, a: dict[str, Assumption]) -> tuple[StepCostModel, 
         raise ValueError(
             f"{m.trace}: the benchmark's step runs one engine, not {m.cfg.rollout.num_engines}"
         )
-    return cost, list(sim.engine_runs[0])
+    runs = list(sim.engine_runs[0])
+    if not math.isclose(sum(r.time_s(cost) for r in runs), sim.makespan_s):
+        raise ValueError(f"{m.trace}: the engine idles mid-rollout; its runs cannot be re-priced")
+    return cost, runs
 
 
 def _golden(f: Callable[[float], float], lo: float, hi: float, iters: int = 60) -> float:
@@ -160,11 +164,6 @@ def _engine_fit(steps: list[Measured], a: dict[str, Assumption]) -> tuple[float,
     """The engine's host time per step (seconds) and the share of it its GPU work hides."""
     base = _with(a, engine_step_overhead_s=0.0, engine_host_overlap=0.0)
     priced = [(*_engine_runs(m, base), m.phases_s["rollout"]) for m in steps]
-    for (cost, runs, _), m in zip(priced, steps, strict=True):
-        if not math.isclose(sum(r.time_s(cost) for r in runs), _predict(m, base).rollout_s):
-            raise ValueError(
-                f"{m.trace}: the engine idles mid-rollout; its runs cannot be re-priced"
-            )
 
     def loss(host: float, overlap: float) -> float:
         total = 0.0

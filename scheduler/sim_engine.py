@@ -58,10 +58,9 @@ class RunRecord:
     kv_used: int  # KV tokens resident in its first step
     steps: int
     prefill_s: float
-    start_s: float
 
     def time_s(self, c: StepCostModel) -> float:
-        first = c.step_base_s + c.decode_token_s * self.running + c.per_kv_token_s * self.kv_used
+        first = c.gpu_step_s(self.running, self.kv_used)
         return self.prefill_s + c.steps_s(first, c.per_kv_token_s * self.running, self.steps)
 
 
@@ -131,7 +130,7 @@ class SimEngine:
     def _run_time(self, k: int) -> float:
         c = self.s.cost
         n = len(self.running)
-        first = c.step_base_s + c.decode_token_s * n + c.per_kv_token_s * self.kv_used
+        first = c.gpu_step_s(n, self.kv_used)
         if c.host_s == 0.0 or c.host_overlap == 0.0:  # additive, summed as it always was
             return (
                 self.run_prefill_s + k * (first + c.host_s) + c.per_kv_token_s * n * k * (k - 1) / 2
@@ -145,8 +144,7 @@ class SimEngine:
         if rest <= 0:
             return 0
         if c.host_s != 0.0 and c.host_overlap != 0.0:  # piecewise: the most steps that fit
-            first, growth = c.step_base_s + c.decode_token_s * n, c.per_kv_token_s * n
-            first += c.per_kv_token_s * self.kv_used
+            first, growth = c.gpu_step_s(n, self.kv_used), c.per_kv_token_s * n
             lo, hi = 0, max(self.run_steps, 1)
             while c.steps_s(first, growth, hi) <= rest:
                 hi *= 2
@@ -192,10 +190,7 @@ class SimEngine:
             return
         k = self.run_steps
         if self.s.record_runs:
-            rec = RunRecord(
-                len(self.running), self.kv_used, k, self.run_prefill_s, self.run_start_t
-            )
-            self.runs.append(rec)
+            self.runs.append(RunRecord(len(self.running), self.kv_used, k, self.run_prefill_s))
         self.busy_s += now - self.run_start_t
         self.step += k
         self.run_steps = 0  # counted: steps_by must not add them again until the next run

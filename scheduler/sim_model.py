@@ -39,6 +39,10 @@ class StepCostModel:
     def decode_token_s(self) -> float:
         return self.per_token_s if self.per_decode_token_s is None else self.per_decode_token_s
 
+    def gpu_step_s(self, running: int, kv_tokens: int) -> float:
+        """A decode step's GPU time: the weights, one token per running request, the KV read."""
+        return self.step_base_s + self.decode_token_s * running + self.per_kv_token_s * kv_tokens
+
     def step_s(self, gpu_s: float) -> float:
         """A decode step's time from its GPU time."""
         return gpu_s + self.host_s - self.host_overlap * min(gpu_s, self.host_s)

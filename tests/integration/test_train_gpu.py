@@ -126,7 +126,10 @@ def test_train_on_one_gpu(
     assert len(evals) >= 2  # before and after RL
     summary = json.loads((run_dir / "summary.json").read_text())
     gain = summary["eval_gain_points"]["eval/heldout/accuracy"]
-    print(f"{placement} {backend}: held-out gain {gain:+.1f} points; last step " + json.dumps(
+    # the start point varies with the SFT (perf/results/gpu-tier/README.md): print both ends
+    before, after = (summary[k]["eval/heldout/accuracy"] for k in ("eval_before", "eval_after"))
+    print(f"{placement} {backend}: held-out {100 * before:.1f}% -> {100 * after:.1f}% "
+          f"(gain {gain:+.1f} points); last step " + json.dumps(
         {k: steps[-1][k] for k in sorted(steps[-1])}))  # fmt: skip
     if not colocated:
         return

@@ -39,10 +39,23 @@ class GreedyModel:
     """The engines' model in fp32, scoring trajectories' tokens."""
 
     def __init__(self, model_dir: Path) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.eval()
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
+
+    def around(self, traj: Trajectory, j: int, width: int = 24) -> str:
+        """``traj``'s response near token ``j`` (its text, its loss mask), then how its turns
+        went: what an assertion needs to tell a tool response apart from a turn cut short."""
+        lo, hi = max(0, j - width), j + width
+        text = self.tokenizer.decode(traj.response_ids[lo:hi], skip_special_tokens=False)
+        mask = "".join(map(str, traj.loss_mask[lo:hi]))
+        spans = [(kind, round(end - start, 3)) for kind, start, end in traj.spans]
+        return (
+            f"tokens {lo}-{hi} {text!r}, mask {mask}; {len(traj.response_ids)} tokens, "
+            f"{traj.num_turns} turns, finish {traj.finish_reason}, spans (kind, s) {spans}"
+        )
 
     @torch.no_grad()
     def logprobs(self, traj: Trajectory) -> torch.Tensor:
@@ -93,7 +106,8 @@ def assert_same_greedy_rollout(
             f"({len(mine.response_ids)} vs {len(want.response_ids)}): a turn ended early or ran on"
         )
         assert mine.loss_mask[j] == want.loss_mask[j] == 1, (
-            f"trajectory {i}: differs in a tool response at {j}"
+            f"trajectory {i}: differs in a tool response at {j}\n"
+            f"this run: {model.around(mine, j)}\nfault-free: {model.around(want, j)}"
         )
         lp = model.logprobs(mine)[j]
         tie = abs(float(lp[mine.response_ids[j]] - lp[want.response_ids[j]]))

@@ -289,13 +289,19 @@ def scrub_environment(home: str) -> None:
     )
 
 
+def cpu_limit_s(timeout_s: float) -> int:
+    """The CPU seconds a call may use: past its wall-clock timeout, which normally ends it
+    first (the CPU cap stops a snippet whose wall timer could not fire)."""
+    return math.ceil(timeout_s) + 1
+
+
 def limit_call(timeout_s: float, memory_mb: int, base_vm_bytes: int) -> None:
     """The call's CPU-seconds and address-space caps (soft = hard: final).
 
     ``memory_mb`` is what the snippet may allocate on top of ``base_vm_bytes``, the child's
     address space when it became ready (:func:`current_vm_bytes`).
     """
-    cpu_s = math.ceil(timeout_s) + 1
+    cpu_s = cpu_limit_s(timeout_s)
     vm_bytes = base_vm_bytes + memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
     resource.setrlimit(resource.RLIMIT_AS, (vm_bytes, vm_bytes))

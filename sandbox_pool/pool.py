@@ -33,7 +33,7 @@ from typing import Any
 
 from sandbox_pool.api import SandboxAPI
 from sandbox_pool.images import HEAVY, LIGHT, Image, ImageName, image_for
-from sandbox_pool.isolation import is_root
+from sandbox_pool.isolation import cpu_limit_s, is_root
 from sandbox_pool.protocol import (
     ExecRequest,
     ExecResult,
@@ -55,11 +55,19 @@ from sandbox_pool.zygote_client import (
 )
 
 DEFAULT_UID_BASE = 1_500_000
+# a snippet SIGKILLed within this much of its CPU-seconds cap was ended by the cap
+CPU_LIMIT_SLACK_S = 0.25
 _PIPE_CAPACITY = 65536
 
 
 class _Vanished(Exception):
     """The child was gone before it received the call (killed from outside): nothing ran."""
+
+
+class _Lost(Exception):
+    """The call's result channel closed with no report: its zygote ended (killed, or a fork
+    failed for long) while the call ran, and took the child with it. The snippet may have run
+    in part; a call is stateless and isolated, so it can run again on a fresh child."""
 
 
 class PoolClosed(RuntimeError):
@@ -114,6 +122,7 @@ class SandboxPool(SandboxAPI):
         self._closed = False
         self.completed = 0
         self.vanished = 0  # ready children found dead when a call came (the call took another)
+        self.lost = 0  # calls whose child went with its zygote mid-call (each ran again once)
 
     # ---- lifecycle ----
 
@@ -231,6 +240,7 @@ class SandboxPool(SandboxAPI):
         try:
             # a killed zygote takes its whole stock of ready children with it: one call may
             # find every one of them dead before a fresh one comes
+            lost_once = False
             for _ in range(zygote.config.num_children + 1):
                 try:
                     self._claim_uids()  # a pool used without start()
@@ -242,6 +252,12 @@ class SandboxPool(SandboxAPI):
                     return await self._call(child, request, self._limits_for(request))
                 except _Vanished:  # killed before it got the code: nothing ran, take another
                     self.vanished += 1
+                except _Lost:  # not the snippet's doing (it cannot reach its zygote): once more
+                    self.lost += 1
+                    if lost_once:
+                        reason = "the sandbox process was lost twice (its zygote ended)"
+                        return ExecResult(status="internal_error", stderr=reason)
+                    lost_once = True
                 finally:
                     zygote.release(child)
             return ExecResult(status="internal_error", stderr="sandbox process vanished")
@@ -314,6 +330,8 @@ class SandboxPool(SandboxAPI):
         finally:
             loop.remove_reader(child.res_r)
         wall_s = time.perf_counter() - started
+        if msg is _LOST:
+            raise _Lost
         if msg is _TIMED_OUT:
             signal_group(child.pid, signal.SIGKILL)
         cap = limits.max_output_chars
@@ -328,7 +346,7 @@ class SandboxPool(SandboxAPI):
                 stderr=_append_line(stderr, timeout_message(limit_s)),
                 duration_s=wall_s,
             )
-        result = _to_result(msg, stdout, stderr, wall_s)
+        result = _to_result(msg, stdout, stderr, wall_s, cpu_limit_s(limits.timeout_s))
         if (cut_out or cut_err) and result.status in ("ok", "error"):
             result = replace(result, status="output_limit")
         return result
@@ -353,6 +371,7 @@ class SandboxPool(SandboxAPI):
 
 
 _TIMED_OUT: dict[str, Any] = {"timed_out": True}
+_LOST: dict[str, Any] = {"lost": True}  # EOF: neither the child nor its zygote reported
 
 
 class _CallState:
@@ -386,7 +405,7 @@ class _CallState:
             return
         try:
             data = os.read(fd, 1 << 16)
-            frames = self.reader.feed(data) if data else [{"died": -1}]
+            frames = self.reader.feed(data) if data else [_LOST]
         except (OSError, ProtocolError) as exc:
             frames = [{"status": "internal_error", "stderr": f"bad result channel: {exc}"}]
         for frame in frames:
@@ -398,10 +417,16 @@ class _CallState:
             return
 
 
-def _to_result(msg: dict[str, Any], stdout: str, stderr: str, wall_s: float) -> ExecResult:
+def _to_result(
+    msg: dict[str, Any], stdout: str, stderr: str, wall_s: float, cpu_cap_s: float
+) -> ExecResult:
     if "died" in msg:  # the process ended without reporting (a crash, a signal, posix._exit)
         code = int(msg["died"])
-        if code - 128 in (signal.SIGXCPU, signal.SIGKILL):
+        cpu_s = msg.get("cpu_s")
+        # RLIMIT_CPU (soft = hard) ends a snippet with SIGKILL (SIGXCPU on some kernels); a
+        # SIGKILL from anywhere else (the OOM killer, an operator) is named as such
+        at_cpu_limit = cpu_s is not None and float(cpu_s) >= cpu_cap_s - CPU_LIMIT_SLACK_S
+        if code - 128 == signal.SIGXCPU or (code - 128 == signal.SIGKILL and at_cpu_limit):
             stderr = _append_line(stderr, "TimeoutError: CPU time limit exceeded")
             return ExecResult(status="timeout", stdout=stdout, stderr=stderr, duration_s=wall_s)
         if code > 128:

@@ -21,8 +21,9 @@ kills everything it started), in a mount namespace with a private /tmp and a net
 that no other running call shares (reused, and its /tmp emptied, once the call has ended:
 :mod:`sandbox_pool.namespaces`). The zygote
 keeps a copy of each child's result pipe: if a child ends without writing a result, the zygote
-writes ``{"died": code}`` (its exit code, 128 + signal number when killed) so the pool always
-learns how the call ended.
+writes ``{"died": code, "cpu_s": seconds}`` (its exit code, 128 + signal number when killed, and
+the CPU time it used) so the pool always learns how the call ended. A fork that fails is tried
+again; forks failing for :data:`FORK_FAILURES_FATAL_AFTER_S` end the zygote.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ from sandbox_pool.protocol import encode_frame
 # Under load the stock is refilled in batches (at low_watermark); once no message has come for
 # this long, it is topped up to num_children, so an idle pool always has its full stock.
 TOP_UP_AFTER_S = 0.05
+# A fork that fails (EAGAIN or ENOMEM on a loaded machine) is tried again on the loop's next pass;
+# only forks failing for this long end the zygote, and with it every call in flight (the pool
+# starts a new one and runs those calls again)
+FORK_FAILURES_FATAL_AFTER_S = 10.0
 BLAS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
@@ -81,6 +86,24 @@ class Child:
     workdir: str | None  # weak isolation only (an isolated child's temp dir dies with it)
     res_w: int  # the zygote's copy: for the "died" report, closed once the child is reaped
     slot: CallNamespaces | None  # its namespaces (reset and reused once the child is reaped)
+
+
+class ForkFailures:
+    """Since when forks have failed without a success in between, and whether for too long."""
+
+    def __init__(self, fatal_after_s: float = FORK_FAILURES_FATAL_AFTER_S) -> None:
+        self.fatal_after_s = fatal_after_s
+        self.since: float | None = None
+
+    def failed(self, now_s: float) -> bool:
+        """Record a failure at ``now_s`` (monotonic); True once failures have lasted
+        ``fatal_after_s``."""
+        if self.since is None:
+            self.since = now_s
+        return now_s - self.since >= self.fatal_after_s
+
+    def succeeded(self) -> None:
+        self.since = None
 
 
 class IsolationRefused(RuntimeError):
@@ -114,6 +137,7 @@ class Zygote:
         isolation.scrub_environment("/tmp" if self.isolated else str(self.root_dir))
         self.outstanding: dict[int, Child] = {}  # handed to the pool, not released yet
         self.dying: dict[int, Child] = {}  # released (killed by the pool), not reaped yet
+        self.fork_failures = ForkFailures()
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(wake_w, False)
@@ -193,8 +217,20 @@ class Zygote:
             _kill(pid)
         while len(self.outstanding) < self.cfg.num_children and self._uid_available():
             try:
-                self._hand_out(self._fork_child())
-            except OSError:  # the pool is gone (or a fork failed: the pool restarts us)
+                sent = self._fork_child()
+            except OSError as exc:
+                if self.fork_failures.failed(time.monotonic()):
+                    print(
+                        f"sandbox zygote: forks failing for {self.fork_failures.fatal_after_s:.0f}"
+                        f" s ({exc}): exiting, the pool starts another",
+                        file=sys.stderr,
+                    )
+                    return False
+                return True  # tried again on the loop's next pass
+            self.fork_failures.succeeded()
+            try:
+                self._hand_out(sent)
+            except OSError:  # the pool is gone
                 return False
         return True
 
@@ -277,7 +313,7 @@ class Zygote:
         """Reap every exited descendant (we are their subreaper) and settle its call."""
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
@@ -285,8 +321,12 @@ class Zygote:
             child = self.outstanding.get(pid)
             if child is not None:  # ended while the pool holds it: say how
                 code = os.waitstatus_to_exitcode(status)
+                report = {
+                    "died": 128 - code if code < 0 else code,
+                    "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),  # tells a CPU cap kill
+                }
                 with contextlib.suppress(OSError):
-                    os.write(child.res_w, encode_frame({"died": 128 - code if code < 0 else code}))
+                    os.write(child.res_w, encode_frame(report))
                 os.close(child.res_w)
                 child.res_w = -1
                 continue

@@ -445,3 +445,81 @@ async def test_kernel_keyrings_are_denied(pool):
     )
     r = await pool.run(code)
     assert r.stdout.split() == ["-1", "1", "-1", "1", "ok"], r
+
+
+@pytest.fixture
+async def patient_pool():
+    """A pool whose calls may take 30 s: a test that acts on a running call is not raced by
+    the call's timeout on a loaded machine."""
+    cfg = PoolConfig(num_workers=2, limits=Limits(timeout_s=30.0, memory_mb=256))
+    async with SandboxPool(cfg) as p:
+        yield p
+
+
+@needs_root
+async def test_a_call_whose_zygote_dies_mid_call_runs_again(patient_pool):
+    """A zygote that ends mid-call (killed, or forks failing for long) takes its children with
+    it, the running one too, and no report comes: the call runs again on a child of the zygote
+    the pool starts next, and answers what the snippet prints, not an error."""
+    await patient_pool.wait_warm()
+    zygote = patient_pool._zygotes[image_for("print(1)", "python")]
+    pid = zygote.ready._queue[0].pid  # the call's first child
+    code = "import time\nprint('started', flush=True)\ntime.sleep(1.0)\nprint('done')"
+    call = asyncio.create_task(patient_pool.run(code))
+    deadline = time.monotonic() + 30
+    while "started" not in _stdout_of(pid):
+        assert time.monotonic() < deadline and not call.done(), "the snippet did not start"
+        await asyncio.sleep(0.01)
+    os.kill(zygote._proc.pid, signal.SIGKILL)
+    result = await call
+    assert (result.status, result.stdout) == ("ok", "started\ndone\n"), result
+    assert patient_pool.lost == 1
+    await _still_serves(patient_pool)
+
+
+async def test_a_snippet_killed_from_outside_is_not_called_a_cpu_timeout(patient_pool):
+    """A snippet ended by SIGKILL well under its CPU-seconds cap (the OOM killer, an operator:
+    here the test) says so; only a kill at the cap reads as a CPU time limit."""
+    await patient_pool.wait_warm()
+    zygote = patient_pool._zygotes[image_for("print(1)", "python")]
+    pid = zygote.ready._queue[0].pid  # the next call's child
+    call = asyncio.create_task(
+        patient_pool.run("import time\nprint('x', flush=True)\ntime.sleep(20)")
+    )
+    deadline = time.monotonic() + 30
+    while "x" not in _stdout_of(pid):
+        assert time.monotonic() < deadline and not call.done(), "the snippet did not start"
+        await asyncio.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    r = await call
+    assert (r.status, r.exit_code, r.stdout) == ("error", 137, "x\n"), r
+    assert "killed by signal SIGKILL" in r.stderr and "CPU time" not in r.stderr
+
+
+def _stdout_of(pid: int) -> str:
+    """What a running child has written to its stdout (a memfd) so far."""
+    try:
+        return Path(f"/proc/{pid}/fd/1").read_text()
+    except OSError:
+        return ""
+
+
+def test_a_sigkill_at_the_cpu_cap_reads_as_a_cpu_timeout():
+    from sandbox_pool.pool import _to_result
+
+    at_cap = _to_result({"died": 137, "cpu_s": 2.98}, "", "", 3.0, cpu_cap_s=3)
+    assert at_cap.status == "timeout" and "CPU time limit exceeded" in at_cap.stderr
+    xcpu = _to_result({"died": 128 + signal.SIGXCPU, "cpu_s": 3.0}, "", "", 3.0, cpu_cap_s=3)
+    assert xcpu.status == "timeout"
+    under = _to_result({"died": 137, "cpu_s": 0.4}, "", "", 0.5, cpu_cap_s=3)
+    assert under.status == "error" and "SIGKILL" in under.stderr
+
+
+def test_failing_forks_end_the_zygote_only_once_they_last():
+    from sandbox_pool.zygote import ForkFailures
+
+    failures = ForkFailures(fatal_after_s=10.0)
+    assert not failures.failed(100.0) and not failures.failed(109.9)
+    assert failures.failed(110.0)
+    failures.succeeded()
+    assert not failures.failed(200.0)  # a success in between starts the count again

@@ -2,7 +2,7 @@
 # README command 2: install rstar2 with its dev tools, then lint, type-check and run the gate:
 # every test but the `full` tier, and the benchmarks once as a smoke test. The gate runs on
 # RSTAR2_TEST_WORKERS pytest-xdist workers (default 2: CI's two cores), one module per worker at
-# a time, the longest first, then the `serial` tests alone; RSTAR2_TEST_WORKERS=1: one process.
+# a time, the longest first, then any `serial` test alone; RSTAR2_TEST_WORKERS=1: one process.
 #   bash scripts/test.sh --full   the `full` tier (the Slurm cluster, the image build), which
 #                                 records what it covered in tests/full_tier.hashes on a pass
 #   bash scripts/test.sh ARGS     plain `pytest ARGS`
@@ -29,7 +29,9 @@ fi
 if [[ "${RSTAR2_TEST_WORKERS:-2}" -gt 1 ]]; then
   pytest -q --durations=25 -n "${RSTAR2_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
     -m "not serial and not full" --junitxml="$results/junit-parallel.xml"
-  pytest -q --durations=25 -m "serial and not full" --junitxml="$results/junit-serial.xml"
+  # exit 5: no serial test in the gate (none today), which is fine
+  pytest -q --durations=25 -m "serial and not full" --junitxml="$results/junit-serial.xml" \
+    || [[ $? -eq 5 ]]
 else
   pytest -q --durations=25 -m "not full" --junitxml="$results/junit.xml"
 fi

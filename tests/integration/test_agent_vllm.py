@@ -187,7 +187,6 @@ def _chat(*args: str, timeout: float = 240) -> str:
     return proc.stdout
 
 
-@pytest.mark.serial  # it fits a line to step times: another test beside it skews them
 async def test_ignore_eos_generates_exactly_max_tokens_and_the_engine_cost_fits(
     engine, model_dir, template
 ):

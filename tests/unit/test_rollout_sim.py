@@ -282,7 +282,6 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.serial  # it times engine steps: another test beside it skews them
 def test_measured_step_cost_drives_the_simulator(tmp_path: Path) -> None:
     """perf.step_cost times the tiny decoder's kernels on this CPU; perf.rollout_sim --cost
     replays a trace with exactly those constants."""

@@ -254,6 +254,9 @@ class SandboxPool(SandboxAPI):
                     self.vanished += 1
                 except _Lost:  # not the snippet's doing (it cannot reach its zygote): once more
                     self.lost += 1
+                    if self._closed:  # its zygote was stopped: no new one for a closed pool
+                        reason = "the sandbox pool was closed while the call ran"
+                        return ExecResult(status="internal_error", stderr=reason)
                     if lost_once:
                         reason = "the sandbox process was lost twice (its zygote ended)"
                         return ExecResult(status="internal_error", stderr=reason)

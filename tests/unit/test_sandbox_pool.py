@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -523,3 +524,27 @@ def test_failing_forks_end_the_zygote_only_once_they_last():
     assert failures.failed(110.0)
     failures.succeeded()
     assert not failures.failed(200.0)  # a success in between starts the count again
+
+
+@needs_root
+async def test_a_call_lost_to_a_cancelled_close_starts_no_new_zygote():
+    """A close that is cancelled stops the zygotes under the calls still running: a call lost
+    so answers internal_error, and no zygote is started again for the closed pool."""
+    pool = SandboxPool(PoolConfig(num_workers=2, limits=Limits(timeout_s=30.0, memory_mb=256)))
+    await pool.start()
+    await pool.wait_warm()
+    zygote = pool._zygotes[image_for("print(1)", "python")]
+    pid = zygote.ready._queue[0].pid
+    call = asyncio.create_task(pool.run("import time\nprint('started', flush=True)\ntime.sleep(5)"))
+    deadline = time.monotonic() + 30
+    while "started" not in _stdout_of(pid):
+        assert time.monotonic() < deadline and not call.done(), "the snippet did not start"
+        await asyncio.sleep(0.01)
+    closing = asyncio.create_task(pool.aclose())
+    await asyncio.sleep(0.1)  # aclose waits on the running call
+    closing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await closing
+    result = await asyncio.wait_for(call, 30)
+    assert result.status == "internal_error" and "closed" in result.stderr, result
+    assert not any(z.alive for z in pool._zygotes.values())

@@ -548,3 +548,5 @@ async def test_a_call_lost_to_a_cancelled_close_starts_no_new_zygote():
     result = await asyncio.wait_for(call, 30)
     assert result.status == "internal_error" and "closed" in result.stderr, result
     assert not any(z.alive for z in pool._zygotes.values())
+    for z in pool._zygotes.values():  # reaped here, not after this test's loop has closed
+        await z.wait_stopped()

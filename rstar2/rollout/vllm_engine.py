@@ -96,6 +96,19 @@ class _StatsTap:
         pass
 
 
+def _executor_backend(tensor_parallel_size: int, sleep_mode: bool, *, on_cpu: bool) -> Any:
+    """vLLM's ``distributed_executor_backend`` for one engine."""
+    if tensor_parallel_size == 1:
+        if on_cpu:  # engine core and a worker forked from it (rstar2.rollout.vllm_cpu_executor)
+            from rstar2.rollout.vllm_cpu_executor import executor_for_cpu
+
+            return executor_for_cpu() or "uni"  # vLLM's own: "uni" becomes "mp" on CPU
+        return "uni"  # one GPU: the worker runs inside the engine-core process
+    # colocated (sleep mode): worker processes on the GPUs made visible to this actor, not
+    # Ray's executor, which would ask the learner's bundles for GPUs they hold
+    return "mp" if sleep_mode else None
+
+
 class VLLMEngine:
     def __init__(self, llm: Any, config: VLLMEngineConfig, stats: _EngineStats) -> None:
         self._llm = llm
@@ -155,12 +168,9 @@ class VLLMEngine:
             worker_extension_cls=WORKER_EXTENSION,  # file loads, and checksums everywhere
             weight_transfer_config=native,
             enable_sleep_mode=config.sleep_mode,
-            # one GPU: the worker runs inside the engine-core process (2 processes, not 3);
-            # colocated (sleep mode): worker processes on the GPUs made visible to this actor,
-            # not Ray's executor, which would ask the learner's bundles for GPUs they hold
-            distributed_executor_backend="uni"
-            if rollout.tensor_parallel_size == 1
-            else ("mp" if config.sleep_mode else None),
+            distributed_executor_backend=_executor_backend(
+                rollout.tensor_parallel_size, config.sleep_mode, on_cpu=current_platform.is_cpu()
+            ),
             enable_prefix_caching=rollout.enable_prefix_caching,
             enable_chunked_prefill=chunked,
             # this engine's own KV size (not the process-wide VLLM_CPU_KVCACHE_SPACE)

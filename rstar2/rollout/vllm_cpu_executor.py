@@ -13,8 +13,9 @@ What a spawned worker gets from its environment and a forked one would not: the 
 count (``OMP_NUM_THREADS``, read when libgomp loads) is set here instead, before the fork, from
 the CPU list vLLM itself computes for rank 0; the per-thread CPU binding
 (``GOMP_CPU_AFFINITY``) is not applied, so the worker's threads float over the CPUs the engine
-may use. Measured on the 2-core VM (tiny model, 64 x 200 tokens): engine start 13-18 s -> 2-3 s,
-same tokens, same throughput within noise (8.1-9.2K against 8.1K tokens/s).
+may use. Measured on the 2-core VM with a tiny model: ``VLLMEngine.create`` 18.8-20.7 s ->
+11.5-12.6 s (the worker's part of it ~10 s -> ~1 s), the same tokens for the same seed, the same
+throughput within noise (64 x 200 tokens: 8.1-9.2K against 8.1K tokens/s).
 
 It subclasses ``vllm.v1.executor.multiproc_executor.MultiprocExecutor`` (an internal class) and
 reads ``vllm.utils.ompmultiprocessing.OMPProcessManager``; :func:`executor_for_cpu` returns
